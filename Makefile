@@ -1,0 +1,28 @@
+# make test: what CI runs. make build: bin/llm-dedupe-proxy. make run: serve with the defaults.
+
+VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+
+.PHONY: test deps fmt-check vet build run bench
+
+test: deps fmt-check vet
+	go test -race -count=1 ./...
+
+deps:
+	bash scripts/ensure-deps.sh
+
+fmt-check:
+	@unformatted="$$(gofmt -l .)"; \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
+
+vet:
+	go vet ./...
+
+build:
+	go build -ldflags "$(LDFLAGS)" -o bin/llm-dedupe-proxy ./cmd/llm-dedupe-proxy
+
+run:
+	go run -ldflags "$(LDFLAGS)" ./cmd/llm-dedupe-proxy serve
+
+bench:
+	go test -run='^$$' -bench=. ./...

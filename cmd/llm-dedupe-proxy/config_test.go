@@ -1,0 +1,242 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// altConfig differs from defaultConfig in every key and is valid.
+func altConfig() Config {
+	return Config{
+		Listen: "127.0.0.1:9999",
+		Upstream: UpstreamConfig{
+			BaseURL: "http://upstream.test/openai", APIKey: "sk-alt",
+			Timeout: 2 * time.Minute, IdleTimeout: 15 * time.Second,
+		},
+		Redis: RedisConfig{
+			Addrs: []string{"r1:6379", "r2:6380"}, MasterName: "mymaster", Username: "u", Password: "p",
+			DB: 2, TLS: true, KeyPrefix: "x:flight", DialTimeout: 2 * time.Second,
+			ReadTimeout: 3 * time.Second, PoolSize: 50, BlockingPoolSize: 100,
+		},
+		Flight: FlightConfig{
+			HeartbeatInterval: 2 * time.Second, LeaseTTL: 6 * time.Second,
+			TakeoverJitter: 100 * time.Millisecond, MaxAttempts: 5, ResultTTL: time.Hour,
+			Linger: 10 * time.Second, StreamBatchDelay: 10 * time.Millisecond,
+			StreamBatchBytes: 1024, StreamMaxLen: 500, MemoryMaxEntries: 50,
+		},
+		Limits:          LimitsConfig{MaxBodyBytes: 1 << 20},
+		Hashing:         HashingConfig{Scope: "header:X-Tenant", IgnoreFields: []string{"user", "metadata"}},
+		Dedupe:          DedupeConfig{Paths: []string{"/v1/chat/completions"}},
+		Log:             LogConfig{Level: "debug", Format: "text"},
+		ShutdownTimeout: 5 * time.Second,
+	}
+}
+
+// text is how a value is written in an environment variable or a flag.
+func text(v reflect.Value) string {
+	switch x := v.Interface().(type) {
+	case time.Duration:
+		return formatDuration(x)
+	case []string:
+		return strings.Join(x, ", ")
+	}
+	return fmt.Sprint(v.Interface())
+}
+
+func lookup(env map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+}
+
+func TestAltConfigDiffersEverywhere(t *testing.T) {
+	def, alt := defaultConfig(), altConfig()
+	if err := validate(alt); err != nil {
+		t.Fatalf("altConfig is invalid: %v", err)
+	}
+	as := settings(&alt)
+	for i, s := range settings(&def) {
+		if reflect.DeepEqual(s.field.Interface(), as[i].field.Interface()) {
+			t.Errorf("altConfig keeps the default of %s; give it another value", s.key)
+		}
+	}
+}
+
+// TestEveryKeyFromEnvAndFlags sets every key at once, from the environment and from flags.
+func TestEveryKeyFromEnvAndFlags(t *testing.T) {
+	alt := altConfig()
+	env := map[string]string{}
+	var args []string
+	for _, s := range settings(&alt) {
+		env[s.env()] = text(s.field)
+		args = append(args, "--"+s.key+"="+text(s.field))
+	}
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+	}{
+		{"env", env, nil},
+		{"flags", nil, args},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fs := flag.NewFlagSet("test", flag.ContinueOnError)
+			cf := newConfigFlags(fs)
+			if err := fs.Parse(tt.args); err != nil {
+				t.Fatal(err)
+			}
+			got, err := cf.load(lookup(tt.env))
+			if err != nil || !reflect.DeepEqual(got, alt) {
+				t.Errorf("load = %+v, %v;\nwant %+v", got, err, alt)
+			}
+		})
+	}
+}
+
+// printed runs serve --print-config and returns the printed configuration.
+func printed(t *testing.T, env map[string]string, args ...string) map[string]any {
+	t.Helper()
+	r := runCmd(t, env, "", append([]string{"serve", "--print-config"}, args...)...)
+	if r.code != 0 {
+		t.Fatalf("--print-config %q: status %d, stderr %q", args, r.code, r.stderr)
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal([]byte(r.stdout), &m); err != nil {
+		t.Fatalf("printed config %q: %v", r.stdout, err)
+	}
+	return m
+}
+
+func get(m map[string]any, key string) any {
+	for section, rest, ok := strings.Cut(key, "."); ok; section, rest, ok = strings.Cut(rest, ".") {
+		m, key = m[section].(map[string]any), rest
+	}
+	return m[key]
+}
+
+func TestPrecedence(t *testing.T) {
+	file := writeFile(t, "c.yaml", "listen: \":1111\"\nflight:\n  max_attempts: 4\nredis:\n  addrs: [a:1]\n")
+	tests := []struct {
+		name       string
+		env        map[string]string
+		args       []string
+		listen     string
+		maxAttempt int
+		addrs      []any
+	}{
+		{"defaults", nil, nil, ":8080", 3, []any{}},
+		{"file", nil, []string{"--config", file}, ":1111", 4, []any{"a:1"}},
+		{"file named by env", map[string]string{"LLM_DEDUPE_CONFIG": file}, nil, ":1111", 4, []any{"a:1"}},
+		{"env over file", map[string]string{"LLM_DEDUPE_LISTEN": ":2222", "LLM_DEDUPE_REDIS_ADDRS": "b:1, c:2"},
+			[]string{"--config", file}, ":2222", 4, []any{"b:1", "c:2"}},
+		{"flag over env", map[string]string{"LLM_DEDUPE_LISTEN": ":2222", "LLM_DEDUPE_REDIS_ADDRS": "b:1"},
+			[]string{"--config", file, "--listen", ":3333"}, ":3333", 4, []any{"b:1"}},
+		{"empty env is unset", map[string]string{"LLM_DEDUPE_LISTEN": ""}, []string{"--config", file}, ":1111", 4, []any{"a:1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := printed(t, tt.env, tt.args...)
+			if got := get(m, "listen"); got != tt.listen {
+				t.Errorf("listen = %v; want %v", got, tt.listen)
+			}
+			if got := get(m, "flight.max_attempts"); got != tt.maxAttempt {
+				t.Errorf("flight.max_attempts = %v; want %v", got, tt.maxAttempt)
+			}
+			if got := get(m, "redis.addrs"); !reflect.DeepEqual(got, tt.addrs) {
+				t.Errorf("redis.addrs = %#v; want %#v", got, tt.addrs)
+			}
+			if got := get(m, "flight.lease_ttl"); got != "3s" {
+				t.Errorf("flight.lease_ttl = %v; want the default 3s", got)
+			}
+		})
+	}
+}
+
+func TestEnvListSplitting(t *testing.T) {
+	env := map[string]string{
+		"LLM_DEDUPE_REDIS_ADDRS":           " r1:6379 ,r2:6379,, ",
+		"LLM_DEDUPE_DEDUPE_PATHS":          "/v1/a,/v1/b",
+		"LLM_DEDUPE_HASHING_IGNORE_FIELDS": "user",
+	}
+	m := printed(t, env)
+	want := map[string][]any{
+		"redis.addrs":           {"r1:6379", "r2:6379"},
+		"dedupe.paths":          {"/v1/a", "/v1/b"},
+		"hashing.ignore_fields": {"user"},
+	}
+	for key, w := range want {
+		if got := get(m, key); !reflect.DeepEqual(got, w) {
+			t.Errorf("%s = %#v; want %#v", key, got, w)
+		}
+	}
+}
+
+func TestInvalidConfig(t *testing.T) {
+	unknown := writeFile(t, "c.yaml", "upstream:\n  base_uri: http://x\n")
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		keys []string
+	}{
+		{"lease below twice the heartbeat", nil, []string{"--flight.heartbeat_interval=1.5s", "--flight.lease_ttl=2s"}, []string{"flight.lease_ttl"}},
+		{"relative base URL", nil, []string{"--upstream.base_url=api.openai.com"}, []string{"upstream.base_url"}},
+		{"ftp base URL", map[string]string{"LLM_DEDUPE_UPSTREAM_BASE_URL": "ftp://x"}, nil, []string{"upstream.base_url"}},
+		{"scope", map[string]string{"LLM_DEDUPE_HASHING_SCOPE": "tenant"}, nil, []string{"hashing.scope"}},
+		{"duration syntax", map[string]string{"LLM_DEDUPE_UPSTREAM_TIMEOUT": "600"}, nil, []string{"upstream.timeout"}},
+		{"zero attempts", nil, []string{"--flight.max_attempts=0"}, []string{"flight.max_attempts"}},
+		{"not a number", nil, []string{"--limits.max_body_bytes=10MB"}, []string{"limits.max_body_bytes"}},
+		{"negative result TTL", nil, []string{"--flight.result_ttl=-1s"}, []string{"flight.result_ttl"}},
+		{"empty key prefix", nil, []string{"--redis.key_prefix="}, []string{"redis.key_prefix"}},
+		{"unknown file key", nil, []string{"--config", unknown}, []string{"upstream.base_uri"}},
+		{"missing file", nil, []string{"--config", "/nonexistent/c.yaml"}, []string{"--config"}},
+		{"several at once", map[string]string{"LLM_DEDUPE_LOG_FORMAT": "xml", "LLM_DEDUPE_REDIS_DB": "-1"},
+			[]string{"--log.level=loud", "--dedupe.paths=v1/chat", "--listen="},
+			[]string{"log.format", "redis.db", "log.level", "dedupe.paths", "listen"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runCmd(t, tt.env, "", append([]string{"serve", "--print-config"}, tt.args...)...)
+			if r.code != 2 || r.stdout != "" {
+				t.Errorf("status %d, stdout %q; want 2 and nothing", r.code, r.stdout)
+			}
+			for _, key := range tt.keys {
+				if !strings.Contains(r.stderr, "llm-dedupe-proxy: invalid config: "+key+": ") {
+					t.Errorf("stderr %q; want a line naming %s", r.stderr, key)
+				}
+			}
+		})
+	}
+}
+
+func TestValidEdgeValues(t *testing.T) {
+	m := printed(t, nil, "--flight.result_ttl=0", "--flight.takeover_jitter=0s", "--hashing.scope=global")
+	if got := get(m, "flight.result_ttl"); got != "0s" {
+		t.Errorf("flight.result_ttl = %v; want 0s (dedupe only)", got)
+	}
+}
+
+func TestPrintConfigRedactsSecrets(t *testing.T) {
+	env := map[string]string{"LLM_DEDUPE_UPSTREAM_API_KEY": "sk-very-secret"}
+	r := runCmd(t, env, "", "serve", "--print-config", "--redis.password=hunter2", "--redis.username=alice")
+	if r.code != 0 || strings.Contains(r.stdout, "sk-very-secret") || strings.Contains(r.stdout, "hunter2") {
+		t.Fatalf("status %d, output %s; want 0 and no secret", r.code, r.stdout)
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal([]byte(r.stdout), &m); err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{"upstream.api_key": "<redacted>", "redis.password": "<redacted>", "redis.username": "alice"} {
+		if got := get(m, key); got != want {
+			t.Errorf("%s = %v; want %v", key, got, want)
+		}
+	}
+	if got := get(printed(t, nil), "redis.password"); got != "" {
+		t.Errorf("unset redis.password printed as %v; want \"\"", got)
+	}
+}

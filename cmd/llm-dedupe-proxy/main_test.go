@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// result is what one run of the binary left behind.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// runCmd runs the binary in-process with env as its whole environment and stdin as its input.
+func runCmd(t *testing.T, env map[string]string, stdin string, args ...string) result {
+	t.Helper()
+	var stdout, stderr strings.Builder
+	code := run(context.Background(), args, lookup(env), strings.NewReader(stdin), &stdout, &stderr)
+	return result{code, stdout.String(), stderr.String()}
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestVersion(t *testing.T) {
+	r := runCmd(t, nil, "", "version")
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "llm-dedupe-proxy dev go1.") {
+		t.Errorf("version: status %d, output %q; want 0 and \"llm-dedupe-proxy dev go1.…\"", r.code, r.stdout)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	tests := [][]string{
+		{"frobnicate"},
+		{"serve", "--no-such-flag"},
+		{"serve", "extra"},
+		{"key", "a.json", "b.json"},
+	}
+	for _, args := range tests {
+		if r := runCmd(t, nil, "", args...); r.code != 2 || r.stderr == "" {
+			t.Errorf("%q: status %d, stderr %q; want 2 and a message", args, r.code, r.stderr)
+		}
+	}
+	if r := runCmd(t, nil, "", "serve", "-h"); r.code != 0 || !strings.Contains(r.stderr, "-flight.lease_ttl") {
+		t.Errorf("serve -h: status %d, stderr %q; want 0 and the flags", r.code, r.stderr)
+	}
+}
+
+var keyLine = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// keyOf runs the key subcommand and returns the key from its last line.
+func keyOf(t *testing.T, env map[string]string, body string, args ...string) string {
+	t.Helper()
+	r := runCmd(t, env, body, append([]string{"key"}, args...)...)
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	last := lines[len(lines)-1]
+	if r.code != 0 || len(lines) < 2 || !keyLine.MatchString(last) {
+		t.Fatalf("key %q: status %d, stdout %q, stderr %q; want 0, the canonical form and a 64-hex last line",
+			args, r.code, r.stdout, r.stderr)
+	}
+	return last
+}
+
+func TestKey(t *testing.T) {
+	const body = `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"temperature":1}`
+	const same = "{\n  \"temperature\": 1.0,\n  \"messages\": [{\"content\": \"hi\", \"role\": \"user\"}],\n  \"model\": \"gpt-4o\", \"user\": \"u1\"\n}"
+	base := keyOf(t, nil, body, "--authorization", "Bearer sk-a")
+
+	r := runCmd(t, nil, body, "key", "--authorization", "Bearer sk-a")
+	if canon := strings.Split(r.stdout, "\n")[0]; canon != `{"messages":[{"content":"hi","role":"user"}],"model":"gpt-4o","temperature":1}` {
+		t.Errorf("canonical form %s; want sorted keys, no spaces, the number 1", canon)
+	}
+	if got := keyOf(t, nil, same, "--authorization", "Bearer sk-a"); got != base {
+		t.Errorf("reordered, re-spaced body with user: key %s; want %s", got, base)
+	}
+	file := writeFile(t, "body.json", same)
+	if got := keyOf(t, nil, "", "--authorization", "Bearer sk-a", file); got != base {
+		t.Errorf("body from a file: key %s; want %s", got, base)
+	}
+	differ := map[string][]string{
+		"another credential": {"--authorization", "Bearer sk-b"},
+		"another path":       {"--authorization", "Bearer sk-a", "--path", "/v1/completions"},
+	}
+	for name, args := range differ {
+		if got := keyOf(t, nil, body, args...); got == base {
+			t.Errorf("%s: key %s; want a different key", name, got)
+		}
+	}
+	other := strings.Replace(body, `"hi"`, `"hi "`, 1)
+	if got := keyOf(t, nil, other, "--authorization", "Bearer sk-a"); got == base {
+		t.Errorf("different content: key %s; want a different key", got)
+	}
+}
+
+func TestKeyUsesConfig(t *testing.T) {
+	const body = `{"model":"m","metadata":{"run":1}}`
+	env := map[string]string{"LLM_DEDUPE_HASHING_IGNORE_FIELDS": "user, metadata"}
+	if keyOf(t, env, body) != keyOf(t, env, `{"model":"m","metadata":{"run":2}}`) {
+		t.Errorf("with metadata ignored, bodies differing in metadata got different keys")
+	}
+	a := keyOf(t, nil, body, "--hashing.scope=global", "--authorization", "Bearer sk-a")
+	b := keyOf(t, nil, body, "--hashing.scope=global", "--authorization", "Bearer sk-b")
+	if a != b {
+		t.Errorf("global scope: keys %s and %s for two credentials; want one key", a, b)
+	}
+	c := keyOf(t, nil, body, "--hashing.scope=header:X-Tenant", "--header", "X-Tenant: t1")
+	d := keyOf(t, nil, body, "--hashing.scope=header:X-Tenant", "--header", "X-Tenant: t2")
+	if c == d {
+		t.Errorf("header scope: same key %s for two tenants; want two keys", c)
+	}
+}
+
+func TestKeyInvalidJSON(t *testing.T) {
+	for _, body := range []string{`{"model":`, `[1,2]`, ``} {
+		r := runCmd(t, nil, body, "key")
+		if r.code != 1 || r.stdout != "" || !strings.HasPrefix(r.stderr, "llm-dedupe-proxy key: ") {
+			t.Errorf("body %q: status %d, stdout %q, stderr %q; want 1 and a message on stderr only",
+				body, r.code, r.stdout, r.stderr)
+		}
+	}
+}

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// startServe runs serve in-process on a free port and returns its base URL and a function that
+// stops it (as SIGTERM would) and returns its exit status.
+func startServe(t *testing.T, args ...string) (string, func() int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	logs, logw := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		args := append([]string{"serve", "--listen=127.0.0.1:0", "--log.format=json"}, args...)
+		done <- run(ctx, args, lookup(nil), strings.NewReader(""), io.Discard, logw)
+		logw.Close()
+	}()
+
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(logs)
+		for sc.Scan() {
+			var line struct{ Msg, Addr string }
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
+				addr <- line.Addr
+			}
+		}
+		close(addr)
+	}()
+	var base string
+	select {
+	case a, ok := <-addr:
+		if !ok {
+			cancel()
+			t.Fatalf("serve stopped before listening: status %d", <-done)
+		}
+		base = "http://" + a
+	case <-time.After(10 * time.Second):
+		cancel()
+		t.Fatal("serve did not log \"listening\" within 10s")
+	}
+	stop := func() int {
+		cancel()
+		select {
+		case code := <-done:
+			return code
+		case <-time.After(10 * time.Second):
+			t.Error("serve did not stop within 10s of the signal")
+			return -1
+		}
+	}
+	return base, stop
+}
+
+func TestServe(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.Method+" "+r.URL.RequestURI()+" "+r.Header.Get("Authorization"))
+	}))
+	defer up.Close()
+	base, stop := startServe(t, "--upstream.base_url="+up.URL+"/prefix", "--upstream.api_key=sk-proxy")
+
+	res, err := http.Get(base + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || strings.TrimSpace(string(body)) != `{"status":"ok"}` {
+		t.Errorf("/healthz: %d %q; want 200 {\"status\":\"ok\"}", res.StatusCode, body)
+	}
+
+	res, err = http.Post(base+"/v1/chat/completions?x=1", "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(res.Body)
+	res.Body.Close()
+	if want := "POST /prefix/v1/chat/completions?x=1 Bearer sk-proxy"; string(body) != want {
+		t.Errorf("passthrough: upstream saw %q; want %q", body, want)
+	}
+
+	if code := stop(); code != 0 {
+		t.Errorf("after the signal: status %d; want 0", code)
+	}
+}
+
+// TestServeFinishesRequestsOnShutdown checks that a request in progress when the signal comes
+// still gets its whole answer.
+func TestServeFinishesRequestsOnShutdown(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "data: 1\n\n")
+		w.(http.Flusher).Flush()
+		close(started)
+		<-release
+		io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	defer up.Close()
+	base, stop := startServe(t, "--upstream.base_url="+up.URL)
+
+	got := make(chan string, 1)
+	go func() {
+		res, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader("{}"))
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		got <- string(b)
+	}()
+	<-started
+	stopped := make(chan int, 1)
+	go func() { stopped <- stop() }()
+	time.Sleep(100 * time.Millisecond) // let the shutdown begin
+	close(release)
+	if b := <-got; b != "data: 1\n\ndata: [DONE]\n\n" {
+		t.Errorf("answer during shutdown %q; want both events", b)
+	}
+	if code := <-stopped; code != 0 {
+		t.Errorf("status %d; want 0", code)
+	}
+}

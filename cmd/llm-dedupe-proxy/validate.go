@@ -1,0 +1,134 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
+)
+
+// configError is one invalid configuration value: the key and the rule it breaks.
+type configError struct {
+	Key  string
+	Rule string
+}
+
+func (e *configError) Error() string { return e.Key + ": " + e.Rule }
+
+// checker collects every configError of a configuration, so a user fixes them in one go.
+type checker struct{ errs []error }
+
+func (c *checker) fail(key, format string, args ...any) {
+	c.errs = append(c.errs, &configError{Key: key, Rule: fmt.Sprintf(format, args...)})
+}
+
+func (c *checker) positive(key string, d time.Duration) {
+	if d <= 0 {
+		c.fail(key, "must be greater than 0, got %s", d)
+	}
+}
+
+// redisTTL checks a duration that becomes a Redis millisecond expiry: anything shorter than 1ms
+// would round to no expiry at all.
+func (c *checker) redisTTL(key string, d time.Duration) {
+	if d < time.Millisecond {
+		c.fail(key, "must be at least 1ms, got %s", d)
+	}
+}
+
+func (c *checker) atLeast(key string, n, lowest int64) {
+	if n < lowest {
+		c.fail(key, "must be at least %d, got %d", lowest, n)
+	}
+}
+
+func (c *checker) oneOf(key, v string, set ...string) {
+	for _, s := range set {
+		if v == s {
+			return
+		}
+	}
+	c.fail(key, "must be one of %s, got %q", strings.Join(set, ", "), v)
+}
+
+func (c *checker) hostPort(key, v string) {
+	if _, _, err := net.SplitHostPort(v); err != nil || v == "" {
+		c.fail(key, "must be host:port (like :8080 or 127.0.0.1:6379), got %q", v)
+	}
+}
+
+// validate returns every rule cfg breaks, joined, or nil.
+func validate(cfg Config) error {
+	var c checker
+	c.hostPort("listen", cfg.Listen)
+
+	if u, err := url.Parse(cfg.Upstream.BaseURL); err != nil || u.Host == "" ||
+		(u.Scheme != "http" && u.Scheme != "https") {
+		c.fail("upstream.base_url", "must be an absolute http or https URL, got %q", cfg.Upstream.BaseURL)
+	}
+	c.positive("upstream.timeout", cfg.Upstream.Timeout)
+	c.positive("upstream.idle_timeout", cfg.Upstream.IdleTimeout)
+
+	r := cfg.Redis
+	for _, a := range r.Addrs {
+		c.hostPort("redis.addrs", a)
+	}
+	if r.MasterName != "" && len(r.Addrs) == 0 {
+		c.fail("redis.master_name", "needs redis.addrs (the Sentinel addresses)")
+	}
+	c.atLeast("redis.db", int64(r.DB), 0)
+	if r.KeyPrefix == "" {
+		c.fail("redis.key_prefix", "must not be empty")
+	}
+	c.positive("redis.dial_timeout", r.DialTimeout)
+	c.positive("redis.read_timeout", r.ReadTimeout)
+	c.atLeast("redis.pool_size", int64(r.PoolSize), 0)
+	c.atLeast("redis.blocking_pool_size", int64(r.BlockingPoolSize), 1)
+
+	f := cfg.Flight
+	c.positive("flight.heartbeat_interval", f.HeartbeatInterval)
+	if f.LeaseTTL < 2*f.HeartbeatInterval {
+		c.fail("flight.lease_ttl", "must be at least 2 × flight.heartbeat_interval (%s), got %s",
+			f.HeartbeatInterval, f.LeaseTTL)
+	}
+	c.redisTTL("flight.lease_ttl", f.LeaseTTL)
+	if f.TakeoverJitter < 0 {
+		c.fail("flight.takeover_jitter", "must not be negative, got %s", f.TakeoverJitter)
+	}
+	c.atLeast("flight.max_attempts", int64(f.MaxAttempts), 1)
+	if f.ResultTTL != 0 {
+		c.redisTTL("flight.result_ttl", f.ResultTTL) // 0 is allowed: dedupe only
+	}
+	c.redisTTL("flight.linger", f.Linger)
+	if f.StreamBatchDelay < 0 {
+		c.fail("flight.stream_batch_delay", "must not be negative, got %s", f.StreamBatchDelay)
+	}
+	c.atLeast("flight.stream_batch_bytes", int64(f.StreamBatchBytes), 1)
+	c.atLeast("flight.stream_maxlen", f.StreamMaxLen, 1)
+	c.atLeast("flight.memory_max_entries", int64(f.MemoryMaxEntries), 1)
+
+	c.atLeast("limits.max_body_bytes", cfg.Limits.MaxBodyBytes, 1)
+
+	if _, err := hashing.ParseScope(cfg.Hashing.Scope); err != nil {
+		c.fail("hashing.scope", "must be credential, header:NAME or global, got %q", cfg.Hashing.Scope)
+	}
+	for _, name := range cfg.Hashing.IgnoreFields {
+		if name == "" {
+			c.fail("hashing.ignore_fields", "must not contain an empty name")
+		}
+	}
+	for _, p := range cfg.Dedupe.Paths {
+		if !strings.HasPrefix(p, "/") {
+			c.fail("dedupe.paths", "each path must start with \"/\", got %q", p)
+		}
+	}
+
+	c.oneOf("log.level", cfg.Log.Level, "debug", "info", "warn", "error")
+	c.oneOf("log.format", cfg.Log.Format, "json", "text")
+	c.positive("shutdown_timeout", cfg.ShutdownTimeout)
+	return errors.Join(c.errs...)
+}

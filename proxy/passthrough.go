@@ -1,0 +1,119 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// NewPassthrough returns a reverse proxy that sends every request to target unchanged, for
+// the routes that are not deduplicated (and for the dedupe routes when a request bypasses).
+//
+// A path in target is a prefix: with target https://gw.example/openai, a request for
+// /v1/models goes to https://gw.example/openai/v1/models; the query is kept. Hop-by-hop
+// headers (Connection, the headers it lists, Upgrade outside an upgrade, TE, …) are dropped
+// and X-Forwarded-For, -Host and -Proto are set anew. Every write of the answer is flushed at
+// once, so server-sent events reach the client as the upstream sends them. If apiKey is not
+// empty it replaces the client's Authorization, otherwise the client's is forwarded.
+//
+// When the upstream cannot be reached the client gets an OpenAI-style JSON error of type
+// "upstream_error": 502 (code "upstream_unavailable"), or 504 (code "upstream_timeout") when
+// the request's deadline ran out. The cause is logged to the proxy's ErrorLog, not sent.
+func NewPassthrough(target *url.URL, apiKey string, transport http.RoundTripper) *httputil.ReverseProxy {
+	p := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.SetXForwarded()
+			if apiKey != "" {
+				pr.Out.Header.Set("Authorization", "Bearer "+apiKey)
+			}
+		},
+		Transport:     transport,
+		FlushInterval: -1,
+	}
+	p.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		clientGone := errors.Is(err, context.Canceled) && r.Context().Err() != nil
+		if p.ErrorLog != nil && !clientGone {
+			p.ErrorLog.Printf("upstream %s %s: %v", r.Method, r.URL.Path, err)
+		}
+		status, code, msg := http.StatusBadGateway, "upstream_unavailable", "the upstream API could not be reached"
+		if isTimeout(err) {
+			status, code, msg = http.StatusGatewayTimeout, "upstream_timeout", "the upstream API did not answer in time"
+		}
+		writeError(w, status, "upstream_error", code, msg)
+	}
+	return p
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// NewTransport returns the transport for upstream calls: the defaults of
+// http.DefaultTransport, with room for many concurrent calls to one host kept alive. It sets
+// no ResponseHeaderTimeout: a model may think for minutes before its first byte, and the
+// caller bounds each call with a context deadline instead.
+func NewTransport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DialContext = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	t.TLSHandshakeTimeout = 10 * time.Second
+	t.ExpectContinueTimeout = time.Second
+	t.MaxIdleConns = 1024
+	t.MaxIdleConnsPerHost = 256
+	t.IdleConnTimeout = 90 * time.Second
+	t.ForceAttemptHTTP2 = true
+	return t
+}
+
+// Timeout returns middleware that ends each request's context after d, the hard limit of one
+// upstream call. Protocol upgrades (WebSocket sessions) are long-lived by design and are not
+// limited. Unlike http.TimeoutHandler it does not buffer the answer, so streams pass through.
+func Timeout(d time.Duration) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if isUpgrade(r.Header) {
+				next.ServeHTTP(w, r)
+				return
+			}
+			ctx, cancel := context.WithTimeout(r.Context(), d)
+			defer cancel()
+			next.ServeHTTP(w, r.WithContext(ctx))
+		})
+	}
+}
+
+// isUpgrade reports whether h asks for a protocol upgrade: "Connection: upgrade" and an Upgrade.
+func isUpgrade(h http.Header) bool {
+	if h.Get("Upgrade") == "" {
+		return false
+	}
+	for _, v := range h.Values("Connection") {
+		for _, token := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(token), "upgrade") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// writeError answers with an error object in the form the OpenAI API and its SDKs use:
+// {"error":{"message":…,"type":…,"code":…}}.
+func writeError(w http.ResponseWriter, status int, typ, code, message string) {
+	type body struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]body{"error": {Message: message, Type: typ, Code: code}})
+}
