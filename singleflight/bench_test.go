@@ -1,0 +1,181 @@
+package singleflight
+
+import (
+	"context"
+	"io"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// cmdCounter counts the commands a client sends: Redis round trips.
+type cmdCounter struct{ n atomic.Int64 }
+
+func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { c.n.Add(1); return next(ctx, cmd) }
+}
+func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { c.n.Add(1); return next(ctx, cmds) }
+}
+
+func instant(ctx context.Context, w *Writer) (Result, error) {
+	return Result{Head: Head{Status: 200}, Body: []byte(`{"ok":true}`)}, nil
+}
+
+func drain(b *testing.B, r *Reader) {
+	defer r.Close()
+	for {
+		if _, err := r.Next(context.Background()); err != nil {
+			if err != io.EOF {
+				b.Fatal(err)
+			}
+			return
+		}
+	}
+}
+
+// BenchmarkOwnerPath is one flight with one caller and a unique key: what dedupe costs a
+// request nobody else shares. The baseline is calling the function directly.
+func BenchmarkOwnerPath(b *testing.B) {
+	b.Run("direct", func(b *testing.B) {
+		for b.Loop() {
+			_, _ = instant(context.Background(), nil)
+		}
+	})
+	b.Run("memory", func(b *testing.B) {
+		g := New(Options{ResultTTL: time.Minute})
+		defer g.Close(context.Background())
+		for b.Loop() {
+			r, _ := g.Do(uniqueKey(), false, instant)
+			drain(b, r)
+		}
+	})
+	b.Run("redis", func(b *testing.B) {
+		srv := redistest.Start(b)
+		rdb := srv.Client()
+		cnt := &cmdCounter{}
+		rdb.AddHook(cnt)
+		g := New(Options{Redis: rdb, BlockingRedis: srv.Client(), ResultTTL: time.Minute})
+		defer g.Close(context.Background())
+		for b.Loop() {
+			r, _ := g.Do(uniqueKey(), false, instant)
+			drain(b, r)
+		}
+		b.ReportMetric(float64(cnt.n.Load())/float64(b.N), "redis-cmds/op")
+	})
+}
+
+// BenchmarkFollowerWakeLag measures, for a follower on another instance, the time from the
+// owner's function returning to the follower's reader seeing the end of the response.
+func BenchmarkFollowerWakeLag(b *testing.B) {
+	srv := redistest.Start(b)
+	o := Options{Redis: srv.Client(), BlockingRedis: srv.Client()}
+	owner := New(o)
+	defer owner.Close(context.Background())
+	o.Redis, o.BlockingRedis = srv.Client(), srv.Client()
+	follower := New(o)
+	defer follower.Close(context.Background())
+	var total time.Duration
+	for b.Loop() {
+		key := uniqueKey()
+		gate := make(chan struct{})
+		var returned atomic.Int64
+		running := make(chan struct{})
+		fn := func(ctx context.Context, w *Writer) (Result, error) {
+			close(running)
+			<-gate
+			returned.Store(time.Now().UnixNano())
+			return Result{Head: Head{Status: 200}, Body: []byte("x")}, nil
+		}
+		ro, _ := owner.Do(key, false, fn)
+		<-running
+		rf, _ := follower.Do(key, false, fn)
+		// Wait until the follower follows (its first read is blocked), then release.
+		for follower.flightRole(key) != RoleFollower {
+			runtime.Gosched()
+		}
+		close(gate)
+		drain(b, rf)
+		total += time.Duration(time.Now().UnixNano() - returned.Load())
+		drain(b, ro)
+	}
+	b.ReportMetric(float64(total.Microseconds())/float64(b.N), "lag-µs/op")
+}
+
+// flightRole is the role of key's local flight, for benchmarks that must wait for it.
+func (g *Group) flightRole(key string) Role {
+	g.mu.Lock()
+	f := g.flights[key]
+	g.mu.Unlock()
+	if f == nil {
+		return RoleUnknown
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.role
+}
+
+// BenchmarkWaitingFollowerMemory reports the heap held per waiting caller: local callers
+// of one flight, and remote flights followed (one per key) on another instance.
+func BenchmarkWaitingFollowerMemory(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		keys int
+		per  int
+	}{{"local-callers", 1, 1000}, {"remote-flights", 1000, 1}} {
+		b.Run(tc.name, func(b *testing.B) {
+			srv := redistest.Start(b)
+			o := Options{Redis: srv.Client(), BlockingRedis: redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 2000, ReadBufferSize: 4 << 10, WriteBufferSize: 1 << 10})}
+			owner := New(o)
+			defer owner.Close(context.Background())
+			o.Redis = srv.Client()
+			follower := New(o)
+			defer follower.Close(context.Background())
+			for b.Loop() {
+				gate := make(chan struct{})
+				hold := func(ctx context.Context, w *Writer) (Result, error) {
+					<-gate
+					return Result{Head: Head{Status: 200}}, nil
+				}
+				keys := make([]string, tc.keys)
+				var owned []*Reader
+				for i := range keys {
+					keys[i] = uniqueKey()
+					r, _ := owner.Do(keys[i], false, hold)
+					owned = append(owned, r)
+				}
+				for owner.Owned() < tc.keys {
+					runtime.Gosched()
+				}
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				var waiting []*Reader
+				for _, k := range keys {
+					for range tc.per {
+						r, _ := follower.Do(k, false, hold)
+						waiting = append(waiting, r)
+					}
+				}
+				for _, k := range keys {
+					for follower.flightRole(k) != RoleFollower {
+						runtime.Gosched()
+					}
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				used := int64(after.HeapAlloc+after.StackInuse) - int64(before.HeapAlloc+before.StackInuse)
+				b.ReportMetric(float64(used)/float64(len(waiting)), "B/waiter")
+				close(gate)
+				for _, r := range append(owned, waiting...) {
+					drain(b, r)
+				}
+			}
+		})
+	}
+}

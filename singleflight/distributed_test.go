@@ -1,0 +1,323 @@
+package singleflight
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+)
+
+func TestOneOwnerAcrossGroups(t *testing.T) {
+	b := backend{name: "redis", redis: redistest.Start(t)}
+	var groups []*Group
+	for range 5 {
+		groups = append(groups, b.group(t, Options{ResultTTL: time.Minute}))
+	}
+	key := uniqueKey()
+	rp := newReply("shared")
+	var waits []func() []outcome
+	for _, g := range groups {
+		waits = append(waits, doAll(t, g, key, 20, rp.fn))
+	}
+	rp.release()
+	roles := map[Role]int{}
+	for _, w := range waits {
+		for _, o := range w() {
+			if o.err != nil || o.body != "shared" {
+				t.Fatalf("got (%q, %v); want shared", o.body, o.err)
+			}
+			roles[o.role]++
+		}
+	}
+	if rp.calls.Load() != 1 || roles[RoleOwner] != 1 {
+		t.Fatalf("%d calls, roles %v; want 1 call and exactly 1 owner", rp.calls.Load(), roles)
+	}
+}
+
+// deadOwner makes g's heartbeats stop until the returned function is called: to the other
+// instances g looks dead (or paused) for that long.
+func deadOwner(g *Group) (revive func()) {
+	stop := make(chan struct{})
+	g.hooks.beforeRenew = func(context.Context) { <-stop }
+	var once sync.Once
+	return func() { once.Do(func() { close(stop) }) }
+}
+
+func TestOwnerDiesFollowerTakesOver(t *testing.T) {
+	b := backend{name: "redis", redis: redistest.Start(t)}
+	o := Options{LeaseTTL: 600 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond, TakeoverJitter: 100 * time.Millisecond}
+	a, bg := b.group(t, o), b.group(t, o)
+	revive := deadOwner(a)
+	defer revive()
+	key := uniqueKey()
+
+	var calls atomic.Int32
+	ran := make(chan time.Time, 2)
+	hang := make(chan struct{})
+	defer close(hang)
+	fn := func(ctx context.Context, w *Writer) (Result, error) {
+		n := calls.Add(1)
+		ran <- time.Now()
+		if n == 1 {
+			<-hang // the dead owner never answers
+			return Result{}, errors.New("dead")
+		}
+		return Result{Head: Head{Status: 200}, Body: []byte("second")}, nil
+	}
+	ra, _ := a.Do(key, false, fn)
+	defer ra.Close()
+	claimed := <-ran
+	outs := doAll(t, bg, key, 10, fn)()
+	took := (<-ran).Sub(claimed)
+	for _, o := range outs {
+		if o.err != nil || o.body != "second" {
+			t.Fatalf("follower got (%q, %v); want second", o.body, o.err)
+		}
+	}
+	if calls.Load() != 2 {
+		t.Fatalf("%d calls; want 2", calls.Load())
+	}
+	if limit := o.LeaseTTL + o.TakeoverJitter + 500*time.Millisecond; took > limit {
+		t.Fatalf("takeover after %v; want within lease + jitter (+500ms slack) = %v", took, limit)
+	}
+	t.Logf("takeover %v after the claim (lease %v, jitter %v)", took, o.LeaseTTL, o.TakeoverJitter)
+}
+
+func TestPausedOwnerIsFenced(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	o := Options{LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, ResultTTL: time.Minute}
+	for _, mode := range []string{"renew refused", "complete refused"} {
+		t.Run(mode, func(t *testing.T) {
+			recA := newRecorder()
+			oa := o
+			oa.Observer = recA
+			a, bg := b.group(t, oa), b.group(t, o)
+			revive := deadOwner(a)
+			defer revive()
+			key := uniqueKey()
+
+			cause := make(chan error, 1)
+			finishA := make(chan struct{})
+			started := make(chan struct{}, 1)
+			fnA := func(ctx context.Context, w *Writer) (Result, error) {
+				started <- struct{}{}
+				select {
+				case <-ctx.Done():
+					cause <- context.Cause(ctx)
+					return Result{}, context.Cause(ctx)
+				case <-finishA:
+					return Result{Head: Head{Status: 200}, Body: []byte("stale")}, nil
+				}
+			}
+			ra, _ := a.Do(key, false, fnA)
+			defer ra.Close()
+			<-started
+			rpB := newReply("fresh")
+			rpB.release()
+			outs := doAll(t, bg, key, 3, rpB.fn)()
+			for _, o := range outs {
+				if o.body != "fresh" {
+					t.Fatalf("B got %q; want fresh", o.body)
+				}
+			}
+			if mode == "renew refused" {
+				revive()
+				if c := <-cause; !errors.Is(c, ErrLeaseLost) {
+					t.Fatalf("old owner's cause %v; want ErrLeaseLost", c)
+				}
+				recA.waitFor(t, EventLeaseLost, 1, 5*time.Second)
+			} else {
+				close(finishA)
+				recA.waitFor(t, EventFencedWrite, 1, 5*time.Second)
+			}
+			// The stored result is the new owner's.
+			tok, err := srv.Client().HGet(context.Background(), "ai:flight:result:{"+key+"}", "token").Result()
+			if err != nil {
+				t.Fatalf("HGET token: %v", err)
+			}
+			body, _ := srv.Client().HGet(context.Background(), "ai:flight:result:{"+key+"}", "body").Result()
+			if body != "fresh" || !containsInstance(tok, bg.opts.InstanceID) {
+				t.Fatalf("stored (%q, token %q); want (fresh, a token of instance %s)", body, tok, bg.opts.InstanceID)
+			}
+		})
+	}
+}
+
+func containsInstance(token, id string) bool {
+	return strings.Contains(token, "-"+id+"-")
+}
+
+func TestThunderingHerd(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	o := Options{LeaseTTL: 500 * time.Millisecond, HeartbeatInterval: 150 * time.Millisecond, TakeoverJitter: 300 * time.Millisecond}
+	owner := b.group(t, o)
+	revive := deadOwner(owner)
+	defer revive()
+	key := uniqueKey()
+	hang := make(chan struct{})
+	defer close(hang)
+	started := make(chan struct{}, 1)
+	ro, _ := owner.Do(key, false, func(ctx context.Context, w *Writer) (Result, error) {
+		started <- struct{}{}
+		<-hang
+		return Result{}, errors.New("dead")
+	})
+	defer ro.Close()
+	<-started
+	seqBefore := seq(t, srv)
+
+	var calls atomic.Int32
+	fn := func(ctx context.Context, w *Writer) (Result, error) {
+		calls.Add(1)
+		return Result{Head: Head{Status: 200}, Body: []byte("won")}, nil
+	}
+	var waits []func() []outcome
+	for range 20 {
+		waits = append(waits, doAll(t, b.group(t, o), key, 2, fn))
+	}
+	for _, w := range waits {
+		for _, out := range w() {
+			if out.body != "won" {
+				t.Fatalf("got (%q, %v); want won", out.body, out.err)
+			}
+		}
+	}
+	claims := seq(t, srv) - seqBefore
+	if calls.Load() != 1 || claims < 1 || claims > 20 {
+		t.Fatalf("%d winners, %d claim attempts; want exactly 1 winner and 1..20 attempts", calls.Load(), claims)
+	}
+	t.Logf("20 instances: %d claim attempts for 1 takeover", claims)
+}
+
+func seq(t *testing.T, srv *redistest.Server) int {
+	t.Helper()
+	v, err := srv.Client().Get(context.Background(), "ai:flight:owner-seq").Result()
+	if err != nil {
+		t.Fatalf("GET owner-seq: %v", err)
+	}
+	n, _ := strconv.Atoi(v)
+	return n
+}
+
+func TestLostWakeup(t *testing.T) {
+	b := backend{name: "redis", redis: redistest.Start(t)}
+	// A long lease: a follower that missed the done entry would wait for it to run out.
+	o := Options{LeaseTTL: 30 * time.Second, HeartbeatInterval: 10 * time.Second}
+	a, f := b.group(t, o), b.group(t, o)
+	f.remote.maxBlock = 30 * time.Second
+	key := uniqueKey()
+	rp := newReply("late")
+	running := make(chan struct{}, 1)
+	ra, _ := a.Do(key, false, started(running, rp.fn))
+	defer ra.Close()
+	<-running
+	// Between the follower's lookup and its first read, the owner completes.
+	f.hooks.beforeFollow = func() {
+		rp.release()
+		readAll(context.Background(), ra)
+	}
+	start := time.Now()
+	out := doAll(t, f, key, 1, rp.fn)()[0]
+	if out.body != "late" || out.role != RoleFollower {
+		t.Fatalf("got (%q, %v, %v); want (late, follower)", out.body, out.role, out.err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("follower took %v: it missed the entry written before its read", d)
+	}
+}
+
+func TestRedisStoppedDuringFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	recA, recB := newRecorder(), newRecorder()
+	o := Options{LeaseTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond}
+	oa, ob := o, o
+	oa.Observer, ob.Observer = recA, recB
+	a, bg := b.group(t, oa), b.group(t, ob)
+	key := uniqueKey()
+	rp := newReply("local")
+	running := make(chan struct{}, 4)
+	fn := started(running, rp.fn)
+	waitA := doAll(t, a, key, 3, fn)
+	<-running
+	waitB := doAll(t, bg, key, 3, fn)
+	recB.waitFor(t, EventRole, 1, 5*time.Second) // B follows
+	srv.Stop()
+	recB.waitFor(t, EventDegraded, 1, 10*time.Second)
+	rp.release()
+	for _, w := range []func() []outcome{waitA, waitB} {
+		for _, o := range w() {
+			if o.err != nil || o.body != "local" {
+				t.Fatalf("with Redis down: got (%q, %v); want local", o.body, o.err)
+			}
+		}
+	}
+	if !bg.Degraded() {
+		t.Fatalf("B not degraded with Redis down")
+	}
+
+	srv.Restart()
+	recA.waitFor(t, EventRecovered, 1, 10*time.Second)
+	recB.waitFor(t, EventRecovered, 1, 10*time.Second)
+	rp2 := newReply("distributed")
+	running2 := make(chan struct{}, 4)
+	fn2 := started(running2, rp2.fn)
+	key2 := uniqueKey()
+	w2a := doAll(t, a, key2, 2, fn2)
+	<-running2
+	w2b := doAll(t, bg, key2, 2, fn2)
+	recB.waitFor(t, EventRole, 2, 5*time.Second)
+	rp2.release()
+	for _, w := range []func() []outcome{w2a, w2b} {
+		for _, o := range w() {
+			if o.body != "distributed" {
+				t.Fatalf("after recovery: got (%q, %v)", o.body, o.err)
+			}
+		}
+	}
+	if rp2.calls.Load() != 1 {
+		t.Fatalf("after recovery %d calls; want 1 (distributed dedupe resumed)", rp2.calls.Load())
+	}
+}
+
+func TestEveryKeyExpires(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	g := b.group(t, Options{ResultTTL: time.Minute, MaxAttempts: 2})
+	rp := newReply("x")
+	rp.release()
+	doAll(t, g, uniqueKey(), 3, rp.fn)()
+	fail := func(ctx context.Context, w *Writer) (Result, error) {
+		return Result{Head: Head{Status: 500}, Outcome: Retry}, nil
+	}
+	doAll(t, g, uniqueKey(), 3, fail)()
+	share := func(ctx context.Context, w *Writer) (Result, error) {
+		w.WriteHead(Head{Status: 200})
+		w.Write([]byte("data: 1\n\n"))
+		return Result{Outcome: Share}, nil
+	}
+	doAll(t, g, uniqueKey(), 3, share)()
+
+	ctx := context.Background()
+	c := srv.Client()
+	keys, err := c.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) < 5 {
+		t.Fatalf("only %d keys written: %v", len(keys), keys)
+	}
+	for _, k := range keys {
+		if ttl := c.PTTL(ctx, k).Val(); ttl <= 0 {
+			t.Errorf("key %s has no TTL (%v)", k, ttl)
+		}
+	}
+}

@@ -1,0 +1,101 @@
+// Package singleflight coordinates identical calls so that exactly one of them, in this
+// process or on any instance sharing a Redis, runs the upstream call, and every other
+// caller reads its outcome, streamed live.
+//
+// It knows nothing about HTTP: a key, an owner function that writes a head and chunks,
+// and readers that get the same bytes.
+//
+// # Roles
+//
+// Group.Do joins the local flight of a key or starts one. Only the flight's leader
+// goroutine talks to the coordinator, so a process holds at most one Redis conversation per
+// key however many callers wait. Its answer is one of:
+//
+//   - hit: a stored result (Options.ResultTTL) serves every local caller;
+//   - follow: another instance owns the call; the leader reads its stream into the local log;
+//   - claim: this process becomes the owner and runs the leader's function.
+//
+// Every local caller has a Reader over the flight's broadcast log: an append-only list of
+// chunks with a notify channel, read from the caller's own position. A caller that leaves
+// does not disturb the others. The first caller's Reader reports RoleOwner when its process
+// ran the call; the others report RoleFollower; all report RoleHit for a stored result.
+//
+// # Redis keys
+//
+// With the prefix P (default "ai:flight") and the key K:
+//
+//	P:meta:{K}    hash    state R|D|F, token, owner, lease_until, attempt, created, gen, n
+//	P:stream:{K}  stream  gen, chunk, done, failed entries, each with the writer's token
+//	P:result:{K}  hash    status, header, body, at, token   (only for a stored outcome)
+//	P:owner-seq   string  INCR counter, first part of every fencing token
+//
+// The {K} hash tag puts a flight's three keys in one Cluster slot, so one script touches them
+// atomically. owner-seq lives in another slot, so a claim is INCR, then the claim script.
+//
+// # States
+//
+//	          claim (absent, D without stored result, F, or R with lease run out)
+//	(none) ───────────────────────────────► R ──complete──► D ──linger──► (expired)
+//	                                        │ ▲
+//	                                  fail  │ │ claim by a contender after jitter
+//	                                        ▼ │ (attempt+1 ≤ MaxAttempts)
+//	                                        F
+//
+// # Rules, and where they live
+//
+//   - One clock: every lease decision is made in a script with Redis's TIME; lease_until is
+//     Redis time, and scripts answer the remaining milliseconds. TTLs are PEXPIRE with
+//     durations, never a proxy's timestamp. Go code measures with the monotonic clock.
+//     (Scripts need effect replication for TIME followed by writes; it is the default
+//     since Redis 5, and the minimum server is 6.2.)
+//   - Lease, not lock: the owner renews lease_until every HeartbeatInterval (renew.lua).
+//     The meta lives LeaseTTL+Linger, so attempt survives an owner's death.
+//   - Fencing: a token is "seq-instance-local": the owner-seq counter, the instance id and a
+//     per-process counter, because after a failover INCR can repeat a number. claim.lua is
+//     a compare-and-set on the token the claimer saw; renew, append, complete and fail
+//     compare the whole token and do nothing for anyone else.
+//   - Owner suicide: a refused renewal or append cancels the flight context with cause
+//     ErrLeaseLost; the local readers then follow the new owner. A complete refused at the
+//     end still serves the local readers (they hold a whole response), but the stored
+//     result is the new owner's.
+//   - No zombie owner: the heartbeat belongs to the attempt and stops with the owner
+//     function, which runs under Options.Timeout.
+//   - Safe twice: go-redis retries on broken connections, so a repeated claim with my own
+//     token answers owner, appends carry a batch number n and are skipped when already in,
+//     complete and fail are no-ops when already done by the same token.
+//   - No lost wake-up: lookup answers the stream ID of the generation's first entry, and
+//     the follower reads after that concrete ID (never "$"). A blocked read is bounded by
+//     the remaining lease, then the meta is checked again; a read error (a failover's
+//     UNBLOCKED) checks again too.
+//   - No thundering herd: local coalescing makes one contender per process, and a contender
+//     waits a random part of TakeoverJitter, then looks again: the first to wake claims,
+//     the rest find a running owner and follow.
+//   - Blocking reads use Options.BlockingRedis, their own pool, so waiting never delays a
+//     heartbeat.
+//   - Everything expires: meta and stream LeaseTTL+Linger while running and Linger once
+//     done; the result ResultTTL; owner-seq a week (tokens stay unique without it).
+//   - Owner code never hangs a follower: a panic is recovered and fails the attempt.
+//
+// # Outcomes
+//
+// The owner function's Result says what may be done with its response: Store (shared and
+// stored), Share (shared with this flight only), Retry (the attempt failed: a waiter takes
+// over after the jitter, up to MaxAttempts, then every waiter gets the last failed
+// response). The caller whose function failed gets its own failed response at once; it is
+// what its upstream call said, and nothing is retried for a caller no one else waits with.
+//
+// # Streaming
+//
+// What the owner writes reaches local readers at once and the stream in batches of at most
+// BatchDelay or BatchBytes. A new generation (takeover) resets the log: a reader that has
+// already delivered bytes of the old one gets ErrGenerationChanged; one that has not moves
+// on seamlessly. Streams are capped at StreamMaxLen entries; a follower that finds a gap in
+// the batch numbers treats the generation as lost rather than deliver a hole.
+//
+// # When Redis fails
+//
+// A Redis error that says the server cannot be used degrades the Group: new flights run
+// local-only (one call per process), waiting followers take over locally, and a probe
+// PINGs until Redis answers, then distributed mode resumes by itself. Observer reports
+// EventDegraded and EventRecovered.
+package singleflight

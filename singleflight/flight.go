@@ -1,0 +1,275 @@
+package singleflight
+
+import (
+	"context"
+	"io"
+	"sync"
+	"time"
+)
+
+// flight is one key's local flight: a broadcast log that every local reader of the key
+// reads from its own position. Only the flight's leader goroutine writes to it.
+//
+// The log is organised in generations. A generation is one upstream attempt (ours or a
+// remote owner's). When an attempt fails or ownership moves, the log starts a new
+// generation; a reader that has already delivered bytes of the old one gets
+// ErrGenerationChanged, a reader that has delivered nothing moves on to the new one.
+type flight struct {
+	key     string
+	noCache bool
+	fn      Func
+
+	cancel context.CancelCauseFunc // ends the flight's leader loop
+
+	mu         sync.Mutex
+	changed    chan struct{} // closed and replaced on every change
+	readers    int           // readers not yet closed
+	leaderOpen bool          // the reader of the caller whose fn this is has not closed
+	owning     bool          // this process runs the current attempt
+	gen        int
+	role       Role // of the current generation
+	age        time.Duration
+	head       *Head
+	chunks     [][]byte
+	ended      bool
+	endErr     error // with ended: the flight ended with this error instead of a response
+	// leaderFail is the failed response of an attempt run with the leader's own function;
+	// the leader's reader gets it as is (its own upstream answer), others wait for a retry.
+	leaderFail *Result
+}
+
+func newFlight(key string, noCache bool, fn Func, cancel context.CancelCauseFunc) *flight {
+	return &flight{key: key, noCache: noCache, fn: fn, cancel: cancel, changed: make(chan struct{})}
+}
+
+// broadcast wakes every reader; f.mu must be held.
+func (f *flight) broadcast() {
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+// startGen begins a new generation with the given role.
+func (f *flight) startGen(role Role, owning bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gen++
+	f.role, f.owning = role, owning
+	f.head, f.chunks = nil, nil
+	f.broadcast()
+}
+
+// resetGen abandons the current generation (failed attempt, lost lease, new remote owner).
+func (f *flight) resetGen(leaderFail *Result) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gen++
+	f.owning = false
+	f.head, f.chunks = nil, nil
+	if leaderFail != nil {
+		f.leaderFail = leaderFail
+	}
+	f.broadcast()
+}
+
+func (f *flight) setHead(h Head) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.head == nil {
+		f.head = &h
+		f.broadcast()
+	}
+}
+
+func (f *flight) appendChunk(p []byte) {
+	if len(p) == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.chunks = append(f.chunks, p)
+	f.broadcast()
+}
+
+// finish ends the flight with the current generation's response: head, then body appended.
+func (f *flight) finish(h Head, body []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ended {
+		return
+	}
+	if f.head == nil {
+		f.head = &h
+	}
+	if len(body) > 0 {
+		f.chunks = append(f.chunks, body)
+	}
+	f.ended = true
+	f.broadcast()
+}
+
+// finishHit ends the flight with a stored result.
+func (f *flight) finishHit(h Head, body []byte, age time.Duration) {
+	f.mu.Lock()
+	f.gen++
+	f.role, f.owning, f.age = RoleHit, false, age
+	f.head, f.chunks = nil, nil
+	f.mu.Unlock()
+	f.finish(h, body)
+}
+
+// fail ends the flight with an error: every reader still waiting gets it.
+func (f *flight) fail(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ended {
+		return
+	}
+	f.ended, f.endErr = true, err
+	f.broadcast()
+}
+
+func (f *flight) hasEnded() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ended
+}
+
+func (f *flight) isOwning() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.owning
+}
+
+// othersWaiting reports whether readers other than the leader's are still there: only
+// they need another attempt after the leader's own attempt failed.
+func (f *flight) othersWaiting() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := f.readers
+	if f.leaderOpen {
+		n--
+	}
+	return n > 0
+}
+
+// Reader reads one caller's outcome of a flight. It is not safe for concurrent use; each
+// caller of Group.Do gets its own.
+type Reader struct {
+	g       *Group
+	f       *flight
+	leader  bool
+	started time.Time
+
+	gen       int
+	idx       int
+	delivered bool
+	head      Head
+	role      Role
+	age       time.Duration
+	private   [][]byte // the leader's own failed response, when it gets one
+	privEnd   bool
+	closed    bool
+}
+
+// Next returns the next chunk of the outcome, blocking until one is there. After the last
+// chunk it returns io.EOF. Head and Role are valid once Next has returned a chunk or io.EOF.
+// A reader that has delivered bytes of a generation that was then abandoned gets
+// ErrGenerationChanged; a flight that failed for good gives an error wrapping ErrFailed.
+func (r *Reader) Next(ctx context.Context) ([]byte, error) {
+	if r.closed {
+		return nil, ErrClosed
+	}
+	if r.privEnd {
+		return r.nextPrivate()
+	}
+	f := r.f
+	for {
+		f.mu.Lock()
+		if r.leader && !r.delivered && f.leaderFail != nil {
+			lf := f.leaderFail
+			f.mu.Unlock()
+			r.privEnd, r.head, r.role = true, lf.Head, RoleOwner
+			if len(lf.Body) > 0 {
+				r.private = [][]byte{lf.Body}
+			}
+			return r.nextPrivate()
+		}
+		if r.gen != f.gen {
+			if r.delivered {
+				f.mu.Unlock()
+				return nil, ErrGenerationChanged
+			}
+			r.gen, r.idx = f.gen, 0
+		}
+		if r.idx < len(f.chunks) && f.head != nil {
+			c := f.chunks[r.idx]
+			r.idx++
+			r.deliver(f)
+			f.mu.Unlock()
+			return c, nil
+		}
+		if f.ended {
+			if f.endErr != nil {
+				err := f.endErr
+				f.mu.Unlock()
+				return nil, err
+			}
+			r.deliver(f)
+			f.mu.Unlock()
+			return nil, io.EOF
+		}
+		ch := f.changed
+		f.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	}
+}
+
+// deliver records what the caller is being given; f.mu must be held.
+func (r *Reader) deliver(f *flight) {
+	if !r.delivered {
+		r.delivered = true
+		r.head = *f.head
+		r.age = f.age
+		r.role = f.role
+		if f.role == RoleOwner && !r.leader {
+			r.role = RoleFollower
+		}
+	}
+}
+
+func (r *Reader) nextPrivate() ([]byte, error) {
+	r.delivered = true
+	if r.head.Status == 0 {
+		return nil, ErrFailed
+	}
+	if len(r.private) == 0 {
+		return nil, io.EOF
+	}
+	c := r.private[0]
+	r.private = r.private[1:]
+	return c, nil
+}
+
+// Head returns the status and headers of the outcome being read.
+func (r *Reader) Head() Head { return r.head }
+
+// Role says how this caller was served.
+func (r *Reader) Role() Role { return r.role }
+
+// Age is how old a stored result was when it was served (role hit).
+func (r *Reader) Age() time.Duration { return r.age }
+
+// Close releases the reader. When the last local reader of a flight that this process
+// does not own leaves, the flight stops following; an owned flight runs to its end,
+// because other instances may be waiting for it.
+func (r *Reader) Close() {
+	if r.closed {
+		return
+	}
+	r.closed = true
+	r.g.leave(r.f, r.leader)
+}

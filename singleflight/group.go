@@ -1,0 +1,353 @@
+package singleflight
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// Errors reported by the package. Check them with errors.Is.
+var (
+	// ErrLeaseLost is the cause of an owner's flight context when another owner took over.
+	ErrLeaseLost = errors.New("singleflight: lease lost")
+	// ErrTimeout is the cause of an owner's flight context when the hard timeout ran out.
+	ErrTimeout = errors.New("singleflight: owner timed out")
+	// ErrShutdown is the cause of an owner's flight context when the Group was closed.
+	ErrShutdown = errors.New("singleflight: shutdown")
+	// ErrFailed means the flight failed on every attempt without a response to share.
+	ErrFailed = errors.New("singleflight: flight failed")
+	// ErrGenerationChanged means the owner changed after this reader had received bytes of
+	// the old owner's response; the rest of that response will never come.
+	ErrGenerationChanged = errors.New("singleflight: generation changed")
+	// ErrClosed is returned by a Group that has been closed.
+	ErrClosed = errors.New("singleflight: closed")
+	// ErrPanic wraps a panic recovered from an owner function.
+	ErrPanic = errors.New("singleflight: owner panicked")
+)
+
+// Role says how a caller was served.
+type Role uint8
+
+// Roles.
+const (
+	RoleUnknown  Role = iota
+	RoleOwner         // this caller's process ran the upstream call for it
+	RoleFollower      // another caller's upstream call served it
+	RoleHit           // a stored result served it
+)
+
+func (r Role) String() string {
+	switch r {
+	case RoleOwner:
+		return "owner"
+	case RoleFollower:
+		return "follower"
+	case RoleHit:
+		return "hit"
+	}
+	return "unknown"
+}
+
+// Head is the status and the headers worth replaying of a response.
+type Head struct {
+	Status int
+	Header map[string][]string
+}
+
+// Outcome says what may be done with a response.
+type Outcome uint8
+
+// Outcomes.
+const (
+	// Store shares the response with every waiter and stores it for Options.ResultTTL.
+	Store Outcome = iota
+	// Share shares the response with this flight's waiters only.
+	Share
+	// Retry marks this attempt failed: another waiter takes over, up to MaxAttempts; the
+	// response is what the waiters get when no attempt is left.
+	Retry
+)
+
+// Result is what an owner function returns. Body, if any, follows what was written to the
+// Writer; Head is used when WriteHead was not called.
+type Result struct {
+	Head    Head
+	Body    []byte
+	Outcome Outcome
+}
+
+// Func runs the upstream call of a flight. ctx is the flight context: detached from every
+// caller, ended by the hard timeout, by a lost lease or by shutdown (see context.Cause). A
+// non-nil error makes the attempt fail as with Outcome Retry.
+type Func func(ctx context.Context, w *Writer) (Result, error)
+
+// Options configures a Group. Zero values are replaced by the defaults given.
+type Options struct {
+	// Redis coordinates instances. If nil, the Group is in-memory: local flights and a
+	// bounded TTL result cache.
+	Redis redis.UniversalClient
+	// BlockingRedis serves blocking stream reads, so that waiting never starves heartbeats.
+	// If nil, Redis is used.
+	BlockingRedis redis.UniversalClient
+	// KeyPrefix of every Redis key. If empty, "ai:flight" is used.
+	KeyPrefix string
+	// HeartbeatInterval between lease renewals. If zero, 1s is used.
+	HeartbeatInterval time.Duration
+	// LeaseTTL of an owner. If zero, 3s is used.
+	LeaseTTL time.Duration
+	// TakeoverJitter is the upper bound of the random wait before a takeover. If zero,
+	// 500ms is used; negative means none.
+	TakeoverJitter time.Duration
+	// MaxAttempts of upstream calls per flight. If zero, 3 is used.
+	MaxAttempts int
+	// ResultTTL keeps Store outcomes for later identical requests. Zero stores nothing.
+	ResultTTL time.Duration
+	// Linger keeps a finished flight's stream readable for late followers. If zero, 30s.
+	Linger time.Duration
+	// Timeout is the hard limit of one owner function. If zero, 10m is used.
+	Timeout time.Duration
+	// BatchDelay and BatchBytes bound how long streamed bytes wait before they are
+	// appended to Redis. If zero, 5ms and 16 KiB are used.
+	BatchDelay time.Duration
+	BatchBytes int
+	// StreamMaxLen caps the entries of one flight's stream. If zero, 10000 is used.
+	StreamMaxLen int
+	// MemoryMaxEntries bounds the in-memory result cache. If zero, 10000 is used.
+	MemoryMaxEntries int
+	// Observer receives the package's events. If nil, they are dropped.
+	Observer Observer
+	// InstanceID names this process in tokens and meta. If empty, a random one is used.
+	InstanceID string
+}
+
+func (o *Options) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&o.HeartbeatInterval, time.Second)
+	def(&o.LeaseTTL, 3*time.Second)
+	def(&o.TakeoverJitter, 500*time.Millisecond)
+	def(&o.Linger, 30*time.Second)
+	def(&o.Timeout, 10*time.Minute)
+	def(&o.BatchDelay, 5*time.Millisecond)
+	if o.TakeoverJitter < 0 {
+		o.TakeoverJitter = 0
+	}
+	if o.KeyPrefix == "" {
+		o.KeyPrefix = "ai:flight"
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 3
+	}
+	if o.BatchBytes <= 0 {
+		o.BatchBytes = 16 << 10
+	}
+	if o.StreamMaxLen <= 0 {
+		o.StreamMaxLen = 10000
+	}
+	if o.MemoryMaxEntries <= 0 {
+		o.MemoryMaxEntries = 10000
+	}
+	if o.Observer == nil {
+		o.Observer = nopObserver{}
+	}
+	if o.BlockingRedis == nil {
+		o.BlockingRedis = o.Redis
+	}
+	if o.InstanceID == "" {
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		o.InstanceID = hex.EncodeToString(b[:])
+	}
+}
+
+// Group coalesces calls by key, in this process and, with Redis, across processes.
+type Group struct {
+	opts   Options
+	ctx    context.Context // ends when the Group is closed
+	stop   context.CancelCauseFunc
+	wg     sync.WaitGroup
+	cache  *lru.Cache[string, storedResult] // memory mode only; see memCache
+	remote *remote                          // Redis mode only
+
+	mu        sync.Mutex
+	flights   map[string]*flight
+	owned     map[*flight]bool // flights whose owner function runs here
+	ownedIdle chan struct{}    // closed and replaced when owned shrinks
+	closed    bool
+
+	degraded atomic.Bool
+	hooks    hooks
+}
+
+// hooks let the package's tests stop the world at the points where faults matter.
+type hooks struct {
+	beforeRenew  func(ctx context.Context) // blocks a heartbeat (a paused or dead owner)
+	beforeFollow func()                    // runs between a follower's lookup and its first read
+}
+
+type storedResult struct {
+	head Head
+	body []byte
+	at   time.Time // monotonic: age and expiry never depend on wall-clock steps
+}
+
+// cached returns key's stored result if it has not expired.
+func (g *Group) cached(key string) (storedResult, bool) {
+	sr, ok := g.cache.Get(key)
+	if !ok {
+		return sr, false
+	}
+	if time.Since(sr.at) >= g.opts.ResultTTL {
+		g.cache.Remove(key)
+		return sr, false
+	}
+	return sr, true
+}
+
+// New returns a Group. Close it to stop its goroutines.
+func New(opts Options) *Group {
+	opts.setDefaults()
+	ctx, stop := context.WithCancelCause(context.Background())
+	g := &Group{opts: opts, ctx: ctx, stop: stop, flights: map[string]*flight{}, owned: map[*flight]bool{}, ownedIdle: make(chan struct{})}
+	if opts.Redis == nil {
+		// A size-bounded LRU whose entries expire when read (see cached): the expirable
+		// variant of the same library runs a cleanup goroutine that can never be stopped.
+		g.cache, _ = lru.New[string, storedResult](opts.MemoryMaxEntries)
+	} else {
+		g.remote = newRemote(g)
+	}
+	return g
+}
+
+// Backend names the coordinator: "redis" or "memory".
+func (g *Group) Backend() string {
+	if g.remote != nil {
+		return "redis"
+	}
+	return "memory"
+}
+
+// Degraded reports whether a Redis Group is serving local-only because Redis failed.
+func (g *Group) Degraded() bool { return g.degraded.Load() }
+
+// Do joins the flight of key, starting it with fn if this process has none. It does not
+// wait: the caller's Reader blocks in Next. With noCache, a stored result is not served
+// (an in-flight one is still joined). The caller must Close the Reader.
+func (g *Group) Do(key string, noCache bool, fn Func) (*Reader, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil, ErrClosed
+	}
+	lkey := key
+	if noCache {
+		lkey = key + "\x00nocache"
+	}
+	f, ok := g.flights[lkey]
+	if ok && f.hasEnded() {
+		ok = false // its outcome is out: a caller arriving now starts anew
+	}
+	leader := !ok
+	if leader {
+		ctx, cancel := context.WithCancelCause(g.ctx)
+		f = newFlight(key, noCache, fn, cancel)
+		g.flights[lkey] = f
+		g.wg.Add(1)
+		go g.lead(ctx, lkey, f)
+	}
+	f.mu.Lock()
+	f.readers++
+	f.leaderOpen = f.leaderOpen || leader
+	f.mu.Unlock()
+	return &Reader{g: g, f: f, leader: leader, started: time.Now()}, nil
+}
+
+// leave is called when a reader closes.
+func (g *Group) leave(f *flight, leader bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f.mu.Lock()
+	f.readers--
+	if leader {
+		f.leaderOpen = false
+	}
+	idle := f.readers == 0 && !f.owning && !f.ended
+	f.mu.Unlock()
+	if idle {
+		g.forget(f)
+		f.cancel(context.Canceled)
+	}
+}
+
+// forget removes f from the flight map, so that new callers start a new flight; g.mu held.
+func (g *Group) forget(f *flight) {
+	for k, v := range g.flights {
+		if v == f {
+			delete(g.flights, k)
+			return
+		}
+	}
+}
+
+// Close stops the Group. New calls get ErrClosed at once; flights owned here may finish
+// until ctx ends; then the rest are released as FAILED("shutdown"), so that followers
+// elsewhere take over at once instead of waiting for the lease to run out, and local
+// readers still waiting get an error wrapping ErrShutdown. Close returns when every
+// goroutine of the Group has stopped.
+func (g *Group) Close(ctx context.Context) error {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+	var err error
+	for {
+		g.mu.Lock()
+		n, idle := len(g.owned), g.ownedIdle
+		g.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		select {
+		case <-idle:
+			continue
+		case <-ctx.Done():
+			err = fmt.Errorf("singleflight: close: %d owned flights released: %w", n, context.Cause(ctx))
+		}
+		break
+	}
+	g.stop(ErrShutdown)
+	g.wg.Wait()
+	return err
+}
+
+// setOwned records whether f's owner function runs here.
+func (g *Group) setOwned(f *flight, on bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if on {
+		g.owned[f] = true
+		return
+	}
+	delete(g.owned, f)
+	close(g.ownedIdle)
+	g.ownedIdle = make(chan struct{})
+}
+
+// Owned is the number of flights whose upstream call runs in this process.
+func (g *Group) Owned() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.owned)
+}
+
+func (g *Group) observe(e Event) { g.opts.Observer.Observe(e) }

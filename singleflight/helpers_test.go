@@ -1,0 +1,190 @@
+package singleflight
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// backend makes Groups of one kind; Groups made by one backend share a coordinator.
+type backend struct {
+	name  string
+	redis *redistest.Server
+}
+
+func (b backend) group(t *testing.T, o Options) *Group {
+	t.Helper()
+	if b.redis != nil {
+		o.Redis = b.redis.Client()
+		o.BlockingRedis = b.redis.Client()
+	}
+	if o.TakeoverJitter == 0 {
+		o.TakeoverJitter = 20 * time.Millisecond
+	}
+	g := New(o)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := g.Close(ctx); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return g
+}
+
+// backends returns the in-memory backend and a Redis backend on a fresh redis-server.
+func backends(t *testing.T) []backend {
+	return []backend{{name: "memory"}, {name: "redis", redis: redistest.Start(t)}}
+}
+
+func uniqueKey() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// reply is an owner function that counts its calls and answers body once gate is closed.
+type reply struct {
+	calls atomic.Int32
+	gate  chan struct{}
+	body  string
+}
+
+func newReply(body string) *reply { return &reply{gate: make(chan struct{}), body: body} }
+
+func (rp *reply) fn(ctx context.Context, w *Writer) (Result, error) {
+	rp.calls.Add(1)
+	select {
+	case <-rp.gate:
+	case <-ctx.Done():
+		return Result{}, context.Cause(ctx)
+	}
+	return Result{Head: Head{Status: 200, Header: map[string][]string{"Content-Type": {"application/json"}}}, Body: []byte(rp.body)}, nil
+}
+
+func (rp *reply) release() { close(rp.gate) }
+
+// outcome is what one caller got.
+type outcome struct {
+	head Head
+	body string
+	role Role
+	age  time.Duration
+	err  error
+}
+
+func readAll(ctx context.Context, r *Reader) outcome {
+	defer r.Close()
+	var b []byte
+	for {
+		c, err := r.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			return outcome{head: r.Head(), body: string(b), role: r.Role(), age: r.Age()}
+		}
+		if err != nil {
+			return outcome{head: r.Head(), body: string(b), role: r.Role(), err: err}
+		}
+		b = append(b, c...)
+	}
+}
+
+// doAll starts n callers of key on g and returns a function that waits for their outcomes.
+func doAll(t *testing.T, g *Group, key string, n int, fn Func) func() []outcome {
+	t.Helper()
+	readers := make([]*Reader, n)
+	for i := range readers {
+		r, err := g.Do(key, false, fn)
+		if err != nil {
+			t.Fatalf("Do: %v", err)
+		}
+		readers[i] = r
+	}
+	return func() []outcome {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		out := make([]outcome, n)
+		var wg sync.WaitGroup
+		for i, r := range readers {
+			wg.Go(func() { out[i] = readAll(ctx, r) })
+		}
+		wg.Wait()
+		return out
+	}
+}
+
+func countRoles(outs []outcome) map[Role]int {
+	m := map[Role]int{}
+	for _, o := range outs {
+		m[o.role]++
+	}
+	return m
+}
+
+// recorder is an Observer that lets a test wait for an event.
+type recorder struct {
+	mu     sync.Mutex
+	events []Event
+	ch     chan struct{}
+}
+
+func newRecorder() *recorder { return &recorder{ch: make(chan struct{})} }
+
+func (r *recorder) Observe(e Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+	close(r.ch)
+	r.ch = make(chan struct{})
+}
+
+func (r *recorder) count(k EventKind) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, e := range r.events {
+		if e.Kind == k {
+			n++
+		}
+	}
+	return n
+}
+
+// waitFor waits until at least n events of kind k were observed.
+func (r *recorder) waitFor(t *testing.T, k EventKind, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		r.mu.Lock()
+		ch := r.ch
+		r.mu.Unlock()
+		if r.count(k) >= n {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("waited %v for %d events of kind %d; got %d", timeout, n, k, r.count(k))
+		}
+	}
+}
+
+// started returns an owner function that signals each call on a channel, then runs next.
+func started(ch chan<- struct{}, next Func) Func {
+	return func(ctx context.Context, w *Writer) (Result, error) {
+		ch <- struct{}{}
+		return next(ctx, w)
+	}
+}

@@ -1,0 +1,130 @@
+package singleflight
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+)
+
+// localOwnership is ownership inside one process: nothing to renew or fence; a completed
+// Store outcome goes to the memory cache when the Group is in-memory.
+type localOwnership struct {
+	g     *Group
+	key   string
+	cache bool
+}
+
+func (localOwnership) renew(context.Context) error                           { return nil }
+func (localOwnership) appendBatch(context.Context, int, *Head, []byte) error { return nil }
+func (localOwnership) fail(context.Context, int, Result, string) error       { return nil }
+func (localOwnership) remote() bool                                          { return false }
+
+func (l localOwnership) complete(_ context.Context, _ int, res Result, transcript []byte, store bool) error {
+	if l.cache && store {
+		l.g.cache.Add(l.key, storedResult{head: res.Head, body: transcript, at: time.Now()})
+	}
+	return nil
+}
+
+// lead runs the flight f until it has an outcome for its readers.
+func (g *Group) lead(ctx context.Context, lkey string, f *flight) {
+	defer g.wg.Done()
+	g.observe(Event{Kind: EventFlightStart, Key: f.key})
+	defer func() {
+		g.mu.Lock()
+		if g.flights[lkey] == f {
+			delete(g.flights, lkey)
+		}
+		g.mu.Unlock()
+		if cause := context.Cause(ctx); cause != nil {
+			f.fail(errors.Join(ErrFailed, cause))
+		} else {
+			f.fail(ErrFailed)
+		}
+		g.observe(Event{Kind: EventFlightEnd, Key: f.key})
+	}()
+	if g.remote != nil {
+		g.remote.lead(ctx, f)
+		return
+	}
+	if !f.noCache {
+		if sr, ok := g.cached(f.key); ok {
+			g.observe(Event{Kind: EventRole, Key: f.key, Role: RoleHit})
+			f.finishHit(sr.head, sr.body, time.Since(sr.at))
+			return
+		}
+	}
+	g.observe(Event{Kind: EventRole, Key: f.key, Role: RoleOwner})
+	g.leadLocal(ctx, f, 1, true)
+}
+
+// leadLocal owns f in this process alone, attempt after attempt: the in-memory mode, and
+// the fail-open mode of a Redis Group whose Redis does not answer.
+func (g *Group) leadLocal(ctx context.Context, f *flight, attempt int, cache bool) {
+	for ; ; attempt++ {
+		end, res, _ := g.own(ctx, f, localOwnership{g: g, key: f.key, cache: cache})
+		if end == attemptDone || ctx.Err() != nil {
+			return
+		}
+		if !g.retryAfterFailure(ctx, f, attempt, res) {
+			return
+		}
+		g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "failed"})
+	}
+}
+
+// retryAfterFailure decides, after a failed attempt, whether another one is due: only when
+// callers other than the leader still wait and attempts are left. It delivers the last
+// error when none are left, and waits the takeover jitter before a retry.
+func (g *Group) retryAfterFailure(ctx context.Context, f *flight, attempt int, last Result) bool {
+	if g.endIfAlone(f) {
+		return false
+	}
+	if attempt >= g.opts.MaxAttempts {
+		g.deliverLastError(f, last)
+		return false
+	}
+	return g.jitter(ctx)
+}
+
+// deliverLastError ends f with the last failed response, or ErrFailed when there is none.
+func (g *Group) deliverLastError(f *flight, last Result) {
+	if last.Head.Status == 0 {
+		f.fail(ErrFailed)
+		return
+	}
+	f.mu.Lock()
+	f.gen++
+	f.head, f.chunks = nil, nil
+	f.mu.Unlock()
+	f.finish(last.Head, last.Body)
+}
+
+// jitter waits a random part of TakeoverJitter, so that contenders do not stampede;
+// false when ctx ended first.
+func (g *Group) jitter(ctx context.Context) bool {
+	if g.opts.TakeoverJitter <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(rand.N(g.opts.TakeoverJitter))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// endIfAlone removes f from the flight map when no caller but the leader waits, so that a
+// caller arriving now starts a new flight instead of joining one that is giving up.
+func (g *Group) endIfAlone(f *flight) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if f.othersWaiting() {
+		return false
+	}
+	g.forget(f)
+	return true
+}

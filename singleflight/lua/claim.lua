@@ -1,0 +1,42 @@
+-- claim: become the owner of a flight, compare-and-set on the token the claimer saw.
+-- KEYS[1] meta  KEYS[2] stream
+-- ARGV[1] token (new, from INCR owner-seq + instance id)  ARGV[2] seen_token ('' = absent)
+-- ARGV[3] owner (instance id)  ARGV[4] lease_ms  ARGV[5] ttl_ms  ARGV[6] max_attempts
+-- ARGV[7] fresh ("1": a new caller, may restart the attempt count of a flight that gave up)
+-- ARGV[8] stream maxlen
+-- returns {"owner", attempt, gen_id}
+--      or {"follow", token, lease_remaining_ms, gen_id, attempt}
+--      or {"changed"}     the meta moved on since the claimer looked: look again
+--      or {"exhausted"}   no attempt left for this flight
+-- Safe to run twice: a repeated claim with my own token answers "owner" again.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until', 'attempt', 'gen')
+if m[2] == ARGV[1] then
+  return {'owner', tonumber(m[4]), m[5]}
+end
+if m[1] == 'R' and tonumber(m[3]) > now then
+  return {'follow', m[2], tonumber(m[3]) - now, m[5], tonumber(m[4])}
+end
+if (m[2] or '') ~= ARGV[2] then
+  return {'changed'}
+end
+
+local attempt = 1
+if m[1] == 'R' or m[1] == 'F' then
+  attempt = (tonumber(m[4]) or 0) + 1
+  if attempt > tonumber(ARGV[6]) then
+    if ARGV[7] ~= '1' then
+      return {'exhausted'}
+    end
+    attempt = 1
+  end
+end
+
+local gen = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 't', 'gen', 'tok', ARGV[1], 'a', attempt)
+redis.call('HSET', KEYS[1], 'state', 'R', 'token', ARGV[1], 'owner', ARGV[3],
+  'lease_until', now + tonumber(ARGV[4]), 'attempt', attempt, 'created', now, 'gen', gen, 'n', 0)
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+return {'owner', attempt, gen}

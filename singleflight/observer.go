@@ -1,0 +1,42 @@
+package singleflight
+
+import "time"
+
+// Observer receives what happens inside a Group, for metrics and logs. Observe is called
+// synchronously from the Group's goroutines and must not block.
+type Observer interface {
+	Observe(Event)
+}
+
+// EventKind names an Event.
+type EventKind uint8
+
+// Event kinds.
+const (
+	EventRole            EventKind = iota + 1 // a local flight's role was decided (Role)
+	EventTakeover                             // this process contends for a flight (Reason: expired, failed, shutdown, degraded)
+	EventLeaseLost                            // an owner learnt another took over; its call was cancelled
+	EventFencedWrite                          // a stale owner's write was refused (Op)
+	EventHeartbeatFailed                      // a renewal failed for other reasons than fencing (Err)
+	EventRedisError                           // a Redis command failed (Op, Err)
+	EventDegraded                             // Redis stopped answering: local-only dedupe
+	EventRecovered                            // Redis answers again: distributed dedupe
+	EventFlightStart                          // a local flight started
+	EventFlightEnd                            // a local flight ended
+	EventWait                                 // a follower's wait for a remote owner ended (Duration)
+)
+
+// Event is one thing that happened. Only the fields its kind names are set.
+type Event struct {
+	Kind     EventKind
+	Key      string
+	Role     Role
+	Reason   string
+	Op       string
+	Err      error
+	Duration time.Duration
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Observe(Event) {}

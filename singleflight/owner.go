@@ -1,0 +1,156 @@
+package singleflight
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+)
+
+// ownership is what an owner needs from its coordinator: the fenced writes of one attempt.
+// Every method answers ErrLeaseLost when the attempt's token is no longer the flight's.
+type ownership interface {
+	renew(ctx context.Context) error
+	// appendBatch adds batch number n (from 1) of streamed bytes; head rides on the first.
+	appendBatch(ctx context.Context, n int, head *Head, data []byte) error
+	complete(ctx context.Context, n int, res Result, transcript []byte, store bool) error
+	fail(ctx context.Context, n int, res Result, reason string) error
+	// remote says whether there are followers elsewhere to renew and write for.
+	remote() bool
+}
+
+// attemptEnd is how one owned attempt ended.
+type attemptEnd uint8
+
+const (
+	attemptDone      attemptEnd = iota // the flight has its response
+	attemptFailed                      // Retry outcome, error or panic
+	attemptLeaseLost                   // another owner took over
+)
+
+// own runs f's owner function as one attempt under o and publishes what it produces.
+func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Result, error) {
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	tctx, cancelT := context.WithTimeoutCause(fctx, g.opts.Timeout, ErrTimeout)
+	defer cancelT()
+
+	g.setOwned(f, true)
+	defer g.setOwned(f, false)
+	f.startGen(RoleOwner, true)
+
+	w := &Writer{g: g, f: f, o: o, ctx: fctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	hbDone := make(chan struct{})
+	var hb, flusher sync.WaitGroup
+	defer hb.Wait() // after the final write: a stuck renewal must not delay it
+	if o.remote() {
+		hb.Go(func() { g.heartbeat(fctx, o, cancel, hbDone) })
+		flusher.Go(w.flushLoop)
+	}
+
+	res, err := callOwner(tctx, f.fn, w)
+	close(hbDone)
+	w.closeAndFlush()
+	flusher.Wait()
+
+	cause := context.Cause(tctx)
+	if errors.Is(cause, ErrLeaseLost) || errors.Is(w.err, ErrLeaseLost) {
+		g.observe(Event{Kind: EventLeaseLost, Key: f.key})
+		f.resetGen(nil)
+		return attemptLeaseLost, res, ErrLeaseLost
+	}
+	if res.Head.Status == 0 && w.head != nil {
+		res.Head = *w.head
+	}
+	// The write below must happen even when the flight context ended (timeout, shutdown).
+	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout(g))
+	defer wcancel()
+	if err == nil && cause != nil {
+		err = cause
+	}
+	if err == nil && res.Outcome != Retry && res.Head.Status != 0 {
+		store := res.Outcome == Store && g.opts.ResultTTL > 0
+		transcript := w.transcript(res.Body)
+		tail := res // what followers have not been sent yet: unflushed bytes and the body
+		tail.Body = append(w.takePending(), res.Body...)
+		if cerr := o.complete(wctx, w.n+1, tail, transcript, store); errors.Is(cerr, ErrLeaseLost) {
+			// Another owner took over; its result is the stored one. Our local readers
+			// already hold a whole response, so they get it rather than a second call.
+			g.observe(Event{Kind: EventFencedWrite, Key: f.key, Op: "complete"})
+		}
+		f.finish(res.Head, res.Body)
+		return attemptDone, res, nil
+	}
+	if err == nil {
+		err = fmt.Errorf("%w: no response", ErrFailed)
+		if res.Outcome == Retry && res.Head.Status != 0 {
+			err = fmt.Errorf("%w: upstream status %d", ErrFailed, res.Head.Status)
+		}
+	}
+	reason := "error"
+	if errors.Is(err, ErrShutdown) || errors.Is(cause, ErrShutdown) {
+		reason = "shutdown"
+	} else if errors.Is(cause, ErrTimeout) {
+		reason = "timeout"
+	}
+	if ferr := o.fail(wctx, w.n+1, res, reason); errors.Is(ferr, ErrLeaseLost) {
+		g.observe(Event{Kind: EventFencedWrite, Key: f.key, Op: "fail"})
+	}
+	var lf *Result
+	if res.Head.Status != 0 {
+		lf = &res
+	} else {
+		lf = &Result{} // no response: the leader's reader gets ErrFailed
+	}
+	f.resetGen(lf)
+	return attemptFailed, res, err
+}
+
+func writeTimeout(g *Group) time.Duration {
+	if g.opts.LeaseTTL > time.Second {
+		return g.opts.LeaseTTL
+	}
+	return time.Second
+}
+
+// callOwner runs fn, turning a panic into an error so that no waiter is left hanging.
+func callOwner(ctx context.Context, fn Func, w *Writer) (res Result, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			res = Result{}
+			err = fmt.Errorf("%w: %v\n%s", ErrPanic, p, debug.Stack())
+		}
+	}()
+	return fn(ctx, w)
+}
+
+// heartbeat renews the lease until done is closed. The heartbeat belongs to the attempt:
+// it ends with the owner function, so a stuck call can never be kept alive by it.
+// A refused renewal cancels the attempt (owner suicide); renewals that fail for network
+// reasons are reported, and the fenced writes decide.
+func (g *Group) heartbeat(ctx context.Context, o ownership, cancel context.CancelCauseFunc, done <-chan struct{}) {
+	t := time.NewTicker(g.opts.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if g.hooks.beforeRenew != nil {
+			g.hooks.beforeRenew(ctx)
+		}
+		err := o.renew(ctx)
+		if errors.Is(err, ErrLeaseLost) {
+			cancel(ErrLeaseLost)
+			return
+		}
+		if err != nil && ctx.Err() == nil {
+			g.observe(Event{Kind: EventHeartbeatFailed, Err: err})
+		}
+	}
+}

@@ -1,0 +1,273 @@
+package singleflight
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The protocol's scripts; see the header of each file for its keys, arguments and answer.
+var (
+	//go:embed lua/lookup.lua
+	lookupSrc string
+	//go:embed lua/claim.lua
+	claimSrc string
+	//go:embed lua/renew.lua
+	renewSrc string
+	//go:embed lua/append.lua
+	appendSrc string
+	//go:embed lua/complete.lua
+	completeSrc string
+	//go:embed lua/fail.lua
+	failSrc string
+	//go:embed lua/incr.lua
+	incrSrc string
+
+	lookupScript   = redis.NewScript(lookupSrc)
+	claimScript    = redis.NewScript(claimSrc)
+	renewScript    = redis.NewScript(renewSrc)
+	appendScript   = redis.NewScript(appendSrc)
+	completeScript = redis.NewScript(completeSrc)
+	failScript     = redis.NewScript(failSrc)
+	incrScript     = redis.NewScript(incrSrc)
+)
+
+// seqTTL keeps the owner-seq counter from living forever; tokens stay unique after it
+// expires because they also carry the instance id and a local counter.
+const seqTTL = 7 * 24 * time.Hour
+
+// remote is the Redis coordinator of a Group.
+type remote struct {
+	g        *Group
+	rdb      redis.UniversalClient
+	block    redis.UniversalClient
+	maxBlock time.Duration // upper bound of one blocking read, so that Close is prompt
+	local    atomic.Uint64 // makes tokens unique within this process
+	probing  atomic.Bool
+}
+
+func newRemote(g *Group) *remote {
+	return &remote{g: g, rdb: g.opts.Redis, block: g.opts.BlockingRedis, maxBlock: time.Second}
+}
+
+// keys of one flight: one hash tag, so that one script may touch all three in a Cluster.
+type flightKeys struct{ meta, stream, result string }
+
+func (r *remote) keys(key string) flightKeys {
+	p := r.g.opts.KeyPrefix
+	return flightKeys{
+		meta:   p + ":meta:{" + key + "}",
+		stream: p + ":stream:{" + key + "}",
+		result: p + ":result:{" + key + "}",
+	}
+}
+
+func (r *remote) seqKey() string { return r.g.opts.KeyPrefix + ":owner-seq" }
+
+// ttl of a running flight's meta and stream: long enough that the attempt count survives
+// an owner's death; the lease, not this TTL, decides when a takeover may happen.
+func (r *remote) runningTTL() int64 {
+	return (r.g.opts.LeaseTTL + r.g.opts.Linger).Milliseconds()
+}
+
+// decision is the answer of lookup or claim.
+type decision struct {
+	kind      string // hit, follow, claim, owner, changed, exhausted
+	token     string // follow: the owner's; claim: the one seen
+	remaining time.Duration
+	gen       string // stream ID of the generation's first entry
+	attempt   int
+	reason    string // claim: absent, expired, failed, done
+	head      Head   // hit
+	body      []byte // hit
+	age       time.Duration
+}
+
+func (r *remote) lookup(ctx context.Context, key string, noCache bool) (decision, error) {
+	k := r.keys(key)
+	v, err := lookupScript.Run(ctx, r.rdb, []string{k.meta, k.result}, flag(noCache)).Slice()
+	if err != nil {
+		return decision{}, r.redisErr("lookup", err)
+	}
+	d := decision{kind: str(v, 0)}
+	switch d.kind {
+	case "hit":
+		d.head, err = decodeHead(str(v, 1), str(v, 2))
+		d.body = []byte(str(v, 3))
+		d.age = time.Duration(num(v, 4)) * time.Millisecond
+	case "follow":
+		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
+	case "claim":
+		d.token, d.attempt, d.reason, d.gen = str(v, 1), int(num(v, 2)), str(v, 3), str(v, 4)
+	default:
+		err = fmt.Errorf("singleflight: lookup: unexpected answer %q", d.kind)
+	}
+	return d, err
+}
+
+// newToken returns a fencing token: the global counter, made unique by the instance id
+// and a local counter, because after a failover INCR can hand out a number again.
+func (r *remote) newToken(ctx context.Context) (string, error) {
+	seq, err := incrScript.Run(ctx, r.rdb, []string{r.seqKey()}, seqTTL.Milliseconds()).Int64()
+	if err != nil {
+		return "", r.redisErr("incr", err)
+	}
+	return strconv.FormatInt(seq, 10) + "-" + r.g.opts.InstanceID + "-" + strconv.FormatUint(r.local.Add(1), 10), nil
+}
+
+func (r *remote) claim(ctx context.Context, key, token, seen string, fresh bool) (decision, error) {
+	k := r.keys(key)
+	o := r.g.opts
+	v, err := claimScript.Run(ctx, r.rdb, []string{k.meta, k.stream},
+		token, seen, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.MaxAttempts, flag(fresh), o.StreamMaxLen).Slice()
+	if err != nil {
+		return decision{}, r.redisErr("claim", err)
+	}
+	d := decision{kind: str(v, 0)}
+	switch d.kind {
+	case "owner":
+		d.token, d.attempt, d.gen = token, int(num(v, 1)), str(v, 2)
+	case "follow":
+		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
+	case "changed", "exhausted":
+	default:
+		err = fmt.Errorf("singleflight: claim: unexpected answer %q", d.kind)
+	}
+	return d, err
+}
+
+// redisErr reports a failed command and returns err. An error that says Redis cannot be
+// used (network, timeouts, a server loading or failing over) degrades the Group at once,
+// so that no request waits for its own timeout to find out.
+func (r *remote) redisErr(op string, err error) error {
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	r.g.observe(Event{Kind: EventRedisError, Op: op, Err: err})
+	if unavailable(err) {
+		r.degrade()
+	}
+	return err
+}
+
+// unavailable tells errors of an unreachable or unusable server from replies to a command.
+func unavailable(err error) bool {
+	var re redis.Error
+	if errors.As(err, &re) {
+		msg := re.Error()
+		for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY"} {
+			if strings.HasPrefix(msg, p) {
+				return true
+			}
+		}
+		return false
+	}
+	return true
+}
+
+// degrade switches the Group to local-only dedupe until Redis answers a PING again.
+func (r *remote) degrade() {
+	if !r.g.degraded.CompareAndSwap(false, true) {
+		return
+	}
+	r.g.observe(Event{Kind: EventDegraded})
+	if !r.probing.CompareAndSwap(false, true) {
+		return
+	}
+	r.g.mu.Lock()
+	if r.g.closed {
+		r.g.mu.Unlock()
+		r.probing.Store(false)
+		return
+	}
+	r.g.wg.Add(1)
+	r.g.mu.Unlock()
+	go r.probe()
+}
+
+// probe pings Redis until it answers, then ends degraded mode.
+func (r *remote) probe() {
+	defer r.g.wg.Done()
+	defer r.probing.Store(false)
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.g.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(r.g.ctx, time.Second)
+		err := r.rdb.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			r.g.degraded.Store(false)
+			r.g.observe(Event{Kind: EventRecovered})
+			return
+		}
+	}
+}
+
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+func str(v []any, i int) string {
+	if i >= len(v) {
+		return ""
+	}
+	switch x := v[i].(type) {
+	case string:
+		return x
+	case int64:
+		return strconv.FormatInt(x, 10)
+	}
+	return ""
+}
+
+func num(v []any, i int) int64 {
+	if i >= len(v) {
+		return 0
+	}
+	switch x := v[i].(type) {
+	case int64:
+		return x
+	case string:
+		n, _ := strconv.ParseInt(x, 10, 64)
+		return n
+	}
+	return 0
+}
+
+func encodeHeader(h map[string][]string) string {
+	if len(h) == 0 {
+		return ""
+	}
+	b, _ := json.Marshal(h)
+	return string(b)
+}
+
+func decodeHead(status, header string) (Head, error) {
+	s, err := strconv.Atoi(status)
+	if err != nil {
+		return Head{}, fmt.Errorf("singleflight: bad stored status %q", status)
+	}
+	h := Head{Status: s}
+	if header != "" {
+		if err := json.Unmarshal([]byte(header), &h.Header); err != nil {
+			return Head{}, fmt.Errorf("singleflight: bad stored header: %w", err)
+		}
+	}
+	return h, nil
+}

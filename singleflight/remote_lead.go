@@ -1,0 +1,307 @@
+package singleflight
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// position is where a follower is in the stream of the generation it follows.
+type position struct {
+	token   string
+	last    string // ID of the last entry read
+	n       int    // batch number expected next
+	attempt int
+}
+
+// lead runs one local flight against Redis: look up, then serve a hit, follow the owner,
+// or claim and own; after a failed or expired attempt, contend again after a jitter.
+func (r *remote) lead(ctx context.Context, f *flight) {
+	g := r.g
+	var (
+		pos         position
+		last        Result // the last failed response seen, for when no attempt is left
+		attempt     int    // of this process's own last attempt
+		fresh       = true // this flight has not yet seen an attempt of its key
+		contended   bool   // the jitter before a takeover was waited
+		reason      string // why we contend
+		decided     bool
+		streamTried bool // read the stream for a finished newer attempt
+	)
+	role := func(ro Role) {
+		if !decided {
+			decided = true
+			g.observe(Event{Kind: EventRole, Key: f.key, Role: ro})
+		}
+	}
+	for ctx.Err() == nil {
+		if g.degraded.Load() {
+			g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "degraded"})
+			role(RoleOwner)
+			g.leadLocal(ctx, f, 1, false)
+			return
+		}
+		d, err := r.lookup(ctx, f.key, f.noCache)
+		if err != nil {
+			r.fallBack(ctx, err)
+			continue
+		}
+	decide:
+		switch d.kind {
+		case "hit":
+			role(RoleHit)
+			if pos.token == "" {
+				f.finishHit(d.head, d.body, d.age)
+			} else { // our generation ended without its done entry reaching us
+				f.resetGen(nil)
+				f.finish(d.head, d.body)
+			}
+			return
+		case "follow":
+			role(RoleFollower)
+			if d.token != pos.token {
+				f.startGen(RoleFollower, false)
+				pos = position{token: d.token, last: d.gen, n: 1, attempt: d.attempt}
+			}
+			end := r.follow(ctx, f, &pos, d.remaining)
+			switch end.kind {
+			case followDone:
+				return
+			case followRedisErr:
+				r.fallBack(ctx, end.err)
+				continue
+			case followFailed:
+				last, reason = end.res, "failed"
+				if end.reason == "shutdown" {
+					reason = "shutdown"
+				}
+				if pos.attempt >= g.opts.MaxAttempts {
+					g.deliverLastError(f, last)
+					return
+				}
+			case followExpired:
+				reason = "expired"
+			}
+			fresh = false
+			if !g.jitter(ctx) {
+				return
+			}
+			contended = true
+		case "claim":
+			if d.reason == "done" && pos.last != "" && !streamTried {
+				// The attempt we waited for was followed by one that already finished:
+				// its entries are in the stream after our position.
+				streamTried = true
+				switch end := r.follow(ctx, f, &pos, 0); end.kind {
+				case followDone:
+					return
+				case followRedisErr:
+					r.fallBack(ctx, end.err)
+				}
+				continue
+			}
+			if (d.reason == "expired" || d.reason == "failed") && !contended {
+				// Someone else's attempt ended: wait the jitter, then look again, so
+				// that of all contenders the first to wake wins and the rest follow.
+				if reason == "" {
+					reason = d.reason
+				}
+				if !g.jitter(ctx) {
+					return
+				}
+				contended = true
+				continue
+			}
+			token, err := r.newToken(ctx)
+			if err != nil {
+				r.fallBack(ctx, err)
+				continue
+			}
+			c, err := r.claim(ctx, f.key, token, d.token, fresh)
+			if err != nil {
+				r.fallBack(ctx, err)
+				continue
+			}
+			contended = false
+			switch c.kind {
+			case "follow":
+				d = c
+				goto decide
+			case "changed":
+				continue
+			case "exhausted":
+				g.deliverLastError(f, last)
+				return
+			}
+			role(RoleOwner)
+			if d.reason == "expired" || d.reason == "failed" || reason != "" {
+				g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: orDefault(reason, d.reason)})
+			}
+			reason, fresh, attempt = "", false, c.attempt
+			pos = position{token: token}
+			o := &remoteOwnership{r: r, key: f.key, k: r.keys(f.key), token: token}
+			end, res, _ := g.own(ctx, f, o)
+			switch end {
+			case attemptDone:
+				return
+			case attemptLeaseLost:
+				continue // follow whoever owns it now
+			}
+			last = res
+			if ctx.Err() != nil || !g.retryAfterFailure(ctx, f, attempt, last) {
+				return
+			}
+			reason, contended = "failed", true
+		}
+	}
+}
+
+// fallBack handles a failed Redis command of a flight: degrade (the loop then serves
+// local-only), unless the flight itself was cancelled.
+func (r *remote) fallBack(ctx context.Context, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	r.degrade()
+}
+
+func orDefault(s, d string) string {
+	if s != "" {
+		return s
+	}
+	return d
+}
+
+type followKind uint8
+
+const (
+	followDone     followKind = iota // the flight has its response
+	followFailed                     // the attempt failed; res is its response
+	followExpired                    // the owner's lease ran out, or its meta is gone
+	followRedisErr                   // Redis does not answer
+)
+
+type followEnd struct {
+	kind   followKind
+	res    Result
+	reason string
+	err    error
+}
+
+// follow reads the owner's stream into f until the attempt ends. It blocks on XREAD from
+// the concrete ID it last read (never "$"), so no entry written since the lookup can be
+// missed; each block is bounded by the lease, after which the meta is checked again.
+func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining time.Duration) followEnd {
+	start := time.Now()
+	defer func() { r.g.observe(Event{Kind: EventWait, Key: f.key, Duration: time.Since(start)}) }()
+	k := r.keys(f.key)
+	deadline := time.Now().Add(remaining)
+	recheck := 0
+	if r.g.hooks.beforeFollow != nil {
+		r.g.hooks.beforeFollow()
+	}
+	for {
+		block := min(max(time.Until(deadline)+20*time.Millisecond, 20*time.Millisecond), r.maxBlock)
+		streams, err := r.block.XRead(ctx, &redis.XReadArgs{Streams: []string{k.stream, pos.last}, Count: 512, Block: block}).Result()
+		if ctx.Err() != nil {
+			return followEnd{kind: followDone}
+		}
+		if err != nil {
+			if !errors.Is(err, redis.Nil) {
+				r.redisErr("xread", err) // e.g. UNBLOCKED or MOVED by a failover: check again
+			}
+			d, lerr := r.lookup(ctx, f.key, f.noCache)
+			if lerr != nil {
+				return followEnd{kind: followRedisErr, err: lerr}
+			}
+			switch {
+			case d.kind == "follow" && d.token == pos.token:
+				deadline = time.Now().Add(d.remaining)
+			case d.kind == "follow": // a new owner whose first entry we have not read
+				f.startGen(RoleFollower, false)
+				*pos = position{token: d.token, last: d.gen, n: 1, attempt: d.attempt}
+				deadline = time.Now().Add(d.remaining)
+			case d.kind == "hit":
+				f.resetGen(nil)
+				f.finish(d.head, d.body)
+				return followEnd{kind: followDone}
+			case (d.reason == "failed" || d.reason == "done") && d.token == pos.token && recheck < 2:
+				recheck++ // its last entry was written after our read: read it
+				continue
+			default:
+				return followEnd{kind: followExpired}
+			}
+			continue
+		}
+		for _, s := range streams {
+			for _, m := range s.Messages {
+				if end, ok := r.apply(f, pos, m); ok {
+					return end
+				}
+			}
+		}
+		deadline = time.Now().Add(r.g.opts.LeaseTTL) // the owner is alive and writing
+	}
+}
+
+// apply feeds one stream entry to f; ok when the attempt ended.
+func (r *remote) apply(f *flight, pos *position, m redis.XMessage) (followEnd, bool) {
+	pos.last = m.ID
+	t, _ := m.Values["t"].(string)
+	tok, _ := m.Values["tok"].(string)
+	if tok != pos.token {
+		if t == "gen" { // a takeover: a new generation starts here
+			f.startGen(RoleFollower, false)
+			a, _ := strconv.Atoi(val(m, "a"))
+			pos.token, pos.n, pos.attempt = tok, 1, a
+		}
+		return followEnd{}, false
+	}
+	if t == "gen" {
+		return followEnd{}, false
+	}
+	n, _ := strconv.Atoi(val(m, "n"))
+	if n != pos.n {
+		// Entries are missing (trimmed): the rest of this generation cannot be read.
+		f.resetGen(nil)
+		return followEnd{kind: followExpired}, true
+	}
+	pos.n++
+	var head *Head
+	if s := val(m, "s"); s != "" {
+		h, err := decodeHead(s, val(m, "h"))
+		if err == nil {
+			head = &h
+		}
+	}
+	data := []byte(val(m, "d"))
+	switch t {
+	case "chunk":
+		if head != nil {
+			f.setHead(*head)
+		}
+		f.appendChunk(data)
+	case "done":
+		if head == nil {
+			head = &Head{Status: 200}
+		}
+		f.finish(*head, data)
+		return followEnd{kind: followDone}, true
+	case "failed":
+		res := Result{Outcome: Retry, Body: data}
+		if head != nil {
+			res.Head = *head
+		}
+		f.resetGen(nil)
+		return followEnd{kind: followFailed, res: res, reason: val(m, "r")}, true
+	}
+	return followEnd{}, false
+}
+
+func val(m redis.XMessage, k string) string {
+	s, _ := m.Values[k].(string)
+	return s
+}
