@@ -1,0 +1,253 @@
+// Package metrics defines every Prometheus collector of the proxy, in one place.
+//
+// # Names and labels
+//
+// Every metric is prefixed llm_dedupe_ and measured in base units (seconds, counts). Label
+// values come only from bounded sets, so that no client can make the proxy's series grow
+// without limit:
+//
+//   - route is the configured route path (for example "/v1/chat/completions") or a fixed
+//     name such as "passthrough", never the raw request URL;
+//   - role is owner, follower, hit or bypass; code is the HTTP status as a decimal string,
+//     or "error" for an upstream call that got no response (transport error, timeout);
+//   - reason (takeovers) is one of expired, failed, shutdown, degraded, or "other" for a
+//     reason this package does not know yet; op (Redis errors) is the name of a coordinator
+//     operation chosen by the code, never by input ("unknown" if empty);
+//   - model is the request's "model" string, which a client controls: after [MaxModels]
+//     distinct values, every new one is counted as "other", and "" as "unknown".
+//
+// # Wiring
+//
+// [New] registers everything on the Registerer it is given (never the global one), the
+// proxy handler calls [Metrics.Request], [Metrics.Upstream], [Metrics.Saved] and
+// [Metrics.WaitingAdd], and the singleflight Group is given the *Metrics as its Observer.
+// A nil *Metrics is valid and records nothing, so tests and tools may leave it out.
+package metrics
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
+)
+
+const namespace = "llm_dedupe"
+
+// MaxModels is how many distinct model label values saved_tokens_total keeps before it
+// counts every new model as "other": the model string comes from the client, and an
+// unbounded label would let anyone exhaust Prometheus's memory.
+const MaxModels = 100
+
+// Label values the package substitutes for input it will not use as is.
+const (
+	modelOther   = "other"
+	modelUnknown = "unknown"
+	codeError    = "error"
+)
+
+// takeoverReasons are the reasons singleflight reports for EventTakeover; they are
+// pre-initialised to 0 so that dashboards and rate() see them before the first takeover.
+var takeoverReasons = []string{"expired", "failed", "shutdown", "degraded"}
+
+// flightRoles are the roles a local flight can be given (EventRole), pre-initialised too.
+var flightRoles = []string{"owner", "follower", "hit"}
+
+// durationBuckets span what an LLM proxy sees: a cache hit in about a millisecond up to a
+// long generation of several minutes, 16 buckets growing by about ×1.7.
+var durationBuckets = prometheus.ExponentialBucketsRange(0.001, 300, 16)
+
+// Metrics holds every collector of the proxy, so that callers record through a few methods
+// instead of knowing metric names and labels. It implements singleflight.Observer. Its
+// methods are safe for concurrent use and never block on I/O; a nil *Metrics records
+// nothing.
+type Metrics struct {
+	requests         *prometheus.CounterVec
+	requestDuration  *prometheus.HistogramVec
+	upstream         *prometheus.CounterVec
+	upstreamDuration *prometheus.HistogramVec
+	savedRequests    *prometheus.CounterVec
+	savedTokens      *prometheus.CounterVec
+	waiting          prometheus.Gauge
+
+	inflight          prometheus.Gauge
+	roles             *prometheus.CounterVec
+	takeovers         *prometheus.CounterVec
+	leaseLost         prometheus.Counter
+	fencedWrites      prometheus.Counter
+	heartbeatFailures prometheus.Counter
+	redisErrors       *prometheus.CounterVec
+	degraded          prometheus.Gauge
+	followerWait      prometheus.Histogram
+
+	models modelSet
+}
+
+var _ singleflight.Observer = (*Metrics)(nil)
+
+// New creates the proxy's collectors and registers them on reg, together with the Go
+// runtime and process collectors, so that one Registerer serves the whole /metrics page.
+// It panics if a collector is already registered on reg: that is a wiring mistake (New
+// called twice on one registry), not a condition to handle at run time.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "requests_total",
+			Help:      "Client requests answered on deduplicated routes, by route, role (owner, follower, hit, bypass) and HTTP status code.",
+		}, []string{"route", "role", "code"}),
+		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace,
+			Name:      "request_duration_seconds",
+			Help:      "Time from receiving a client request to its last response byte, by route and role.",
+			Buckets:   durationBuckets,
+		}, []string{"route", "role"}),
+		upstream: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "upstream_requests_total",
+			Help:      "Calls made to the upstream API, by route and HTTP status code (\"error\" when no response came: transport error or timeout).",
+		}, []string{"route", "code"}),
+		upstreamDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace,
+			Name:      "upstream_duration_seconds",
+			Help:      "Duration of calls to the upstream API, to the end of the response body, by route.",
+			Buckets:   durationBuckets,
+		}, []string{"route"}),
+		savedRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "saved_upstream_requests_total",
+			Help:      "Client requests served without an upstream call of their own (followers and hits), by route.",
+		}, []string{"route"}),
+		savedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "saved_tokens_total",
+			Help:      "Tokens not billed because a request was served from another request's upstream call, by model and kind (prompt, completion).",
+		}, []string{"model", "kind"}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "waiting_requests",
+			Help:      "Client requests currently waiting for another request's upstream call.",
+		}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "inflight_flights",
+			Help:      "Local flights (distinct request keys being served) currently in this process.",
+		}),
+		roles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "flight_roles_total",
+			Help:      "Roles decided for local flights (owner, follower, hit); a takeover decides a flight's role again.",
+		}, []string{"role"}),
+		takeovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "takeovers_total",
+			Help:      "Times this process contended to take over a flight from another owner, by reason (expired, failed, shutdown, degraded).",
+		}, []string{"reason"}),
+		leaseLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "lease_lost_total",
+			Help:      "Times an owner in this process learnt another owner had taken over and cancelled its upstream call.",
+		}),
+		fencedWrites: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "fenced_writes_total",
+			Help:      "Writes by a stale owner of this process that Redis refused because the fencing token had changed.",
+		}),
+		heartbeatFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "heartbeat_failures_total",
+			Help:      "Lease renewals that failed for reasons other than fencing (network, timeout, Redis error).",
+		}),
+		redisErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "redis_errors_total",
+			Help:      "Failed Redis commands, by coordinator operation.",
+		}, []string{"op"}),
+		degraded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "backend_degraded",
+			Help:      "1 while Redis is unreachable and this process deduplicates locally only, else 0.",
+		}),
+		followerWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace,
+			Name:      "follower_wait_seconds",
+			Help:      "Time a local flight spent following an owner in another process, until its outcome or a takeover.",
+			Buckets:   durationBuckets,
+		}),
+		models: modelSet{max: MaxModels},
+	}
+	for _, r := range takeoverReasons {
+		m.takeovers.WithLabelValues(r)
+	}
+	for _, r := range flightRoles {
+		m.roles.WithLabelValues(r)
+	}
+	reg.MustRegister(
+		m.requests, m.requestDuration, m.upstream, m.upstreamDuration,
+		m.savedRequests, m.savedTokens, m.waiting,
+		m.inflight, m.roles, m.takeovers, m.leaseLost, m.fencedWrites,
+		m.heartbeatFailures, m.redisErrors, m.degraded, m.followerWait,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// Request records one finished client request, so that operators see traffic, status codes
+// and latency split by how each request was served. route is the configured route path;
+// role is owner, follower, hit or bypass; d runs to the last byte sent.
+func (m *Metrics) Request(route, role string, code int, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues(route, role, strconv.Itoa(code)).Inc()
+	m.requestDuration.WithLabelValues(route, role).Observe(d.Seconds())
+}
+
+// Upstream records one call to the upstream API, the cost the proxy exists to save. A code
+// of 0 (or below) means no response came (transport error or timeout) and is counted as
+// "error".
+func (m *Metrics) Upstream(route string, code int, d time.Duration) {
+	if m == nil {
+		return
+	}
+	c := codeError
+	if code > 0 {
+		c = strconv.Itoa(code)
+	}
+	m.upstream.WithLabelValues(route, c).Inc()
+	m.upstreamDuration.WithLabelValues(route).Observe(d.Seconds())
+}
+
+// Saved records one request served without its own upstream call (a follower or a hit),
+// with the tokens its response reports, so that the savings can be shown in requests and
+// in what they would have been billed. Token counts of zero or less add nothing; model ""
+// is counted as "unknown", and past MaxModels distinct models as "other".
+func (m *Metrics) Saved(route, model string, promptTokens, completionTokens int64) {
+	if m == nil {
+		return
+	}
+	m.savedRequests.WithLabelValues(route).Inc()
+	if promptTokens <= 0 && completionTokens <= 0 {
+		return
+	}
+	model = m.models.label(model)
+	if promptTokens > 0 {
+		m.savedTokens.WithLabelValues(model, "prompt").Add(float64(promptTokens))
+	}
+	if completionTokens > 0 {
+		m.savedTokens.WithLabelValues(model, "completion").Add(float64(completionTokens))
+	}
+}
+
+// WaitingAdd moves the waiting-requests gauge by delta (+1 when a request starts waiting
+// for another request's upstream call, -1 when it stops), so that a pile-up behind a slow
+// owner is visible while it happens, not only when the requests finish.
+func (m *Metrics) WaitingAdd(delta int) {
+	if m == nil {
+		return
+	}
+	m.waiting.Add(float64(delta))
+}

@@ -1,0 +1,69 @@
+package metrics
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func modelName(i int) string { return fmt.Sprintf("model-%03d", i) }
+
+func TestModelCap(t *testing.T) {
+	const extra = 25
+	m, _ := newTest(t)
+	// More distinct models than the cap, each saving i+1 prompt tokens; then one model from
+	// before the cap again, and requests without a model.
+	var overflow float64
+	for i := range MaxModels + extra {
+		m.Saved("/v1/chat/completions", modelName(i), int64(i+1), 0)
+		if i >= MaxModels {
+			overflow += float64(i + 1)
+		}
+	}
+	m.Saved("/v1/chat/completions", modelName(0), 1000, 0)
+	m.Saved("/v1/chat/completions", "", 5, 0)
+	m.Saved("/v1/chat/completions", "", 6, 0)
+
+	tests := []struct {
+		model string
+		want  float64
+	}{
+		{modelName(0), 1 + 1000},
+		{modelName(MaxModels - 1), MaxModels},
+		{modelOther, overflow},
+		{modelUnknown, 5 + 6},
+	}
+	for _, tc := range tests {
+		t.Run(tc.model, func(t *testing.T) {
+			if got := testutil.ToFloat64(m.savedTokens.WithLabelValues(tc.model, "prompt")); got != tc.want {
+				t.Errorf("got %g; want %g", got, tc.want)
+			}
+		})
+	}
+	// MaxModels real models, plus "other" and "unknown".
+	if got, want := testutil.CollectAndCount(m.savedTokens), MaxModels+2; got != want {
+		t.Errorf("got %d series; want %d", got, want)
+	}
+	if got := testutil.ToFloat64(m.savedRequests.WithLabelValues("/v1/chat/completions")); got != MaxModels+extra+3 {
+		t.Errorf("got %g saved requests; want %d", got, MaxModels+extra+3)
+	}
+}
+
+func TestModelSetLabel(t *testing.T) {
+	s := modelSet{max: 2}
+	tests := []struct{ in, want string }{
+		{"a", "a"},
+		{"", modelUnknown},
+		{"b", "b"},
+		{"c", modelOther},
+		{"a", "a"},
+		{"b", "b"},
+		{"d", modelOther},
+	}
+	for i, tc := range tests {
+		if got := s.label(tc.in); got != tc.want {
+			t.Errorf("step %d: label(%q) = %q; want %q", i, tc.in, got, tc.want)
+		}
+	}
+}
