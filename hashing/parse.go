@@ -2,6 +2,7 @@ package hashing
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"unicode/utf8"
@@ -81,6 +82,7 @@ func (p *parser) parse() (node, error) {
 	if c := p.src[p.pos]; c != '{' {
 		what := "not JSON"
 		switch {
+		case !json.Valid(p.src): // only on this error path: say "not JSON" rather than guess
 		case c == '[':
 			what = "an array"
 		case c == '"':

@@ -2,17 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"time"
-
-	"github.com/go-chi/chi/v5"
-
-	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 )
 
 // serve runs the HTTP server until ctx ends, then shuts it down gracefully: requests in
@@ -36,7 +32,7 @@ func (a *app) serve(ctx context.Context, args []string) int {
 	}
 
 	logger := newLogger(a.stderr, cfg.Log)
-	handler, cleanup, err := newHandler(cfg, logger)
+	wired, err := wire(cfg, logger)
 	if err != nil {
 		logger.Error("start", "err", err)
 		return 1
@@ -44,11 +40,11 @@ func (a *app) serve(ctx context.Context, args []string) int {
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		logger.Error("listen", "err", err)
-		_ = cleanup(context.Background())
+		_ = wired.close(context.Background())
 		return 1
 	}
 	srv := &http.Server{
-		Handler:           handler,
+		Handler:           wired.handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		// No WriteTimeout: a streamed answer may take as long as upstream.timeout.
@@ -66,47 +62,25 @@ func (a *app) serve(ctx context.Context, args []string) int {
 	case <-ctx.Done():
 		logger.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
 	}
+	// Stop accepting and let requests in progress finish within shutdown_timeout. Flights
+	// still owned when it runs out are released to the other instances, which take them
+	// over at once instead of waiting for the lease to expire; the requests still waiting
+	// here then end, and the server closes.
+	wired.drain()
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		logger.Error("shutdown: requests cut short", "err", err)
-		_ = srv.Close()
-		code = 1
-	}
-	if err := cleanup(sctx); err != nil {
+	serr := srv.Shutdown(sctx) // returns when requests are done or sctx ends
+	if err := wired.close(sctx); err != nil {
 		logger.Error("shutdown", "err", err)
 		code = 1
 	}
+	if serr != nil && !errors.Is(serr, context.DeadlineExceeded) {
+		logger.Error("shutdown", "err", serr)
+		code = 1
+	}
+	_ = srv.Close()
+	logger.Info("stopped")
 	return code
-}
-
-// newHandler builds what the server serves and a function that releases what the handler
-// holds, called once the server has stopped. /healthz answers while the process runs; every
-// other route is passed through to the upstream.
-func newHandler(cfg Config, logger *slog.Logger) (http.Handler, func(context.Context) error, error) {
-	target, err := url.Parse(cfg.Upstream.BaseURL)
-	if err != nil {
-		return nil, nil, err
-	}
-	transport := proxy.NewTransport()
-	pass := proxy.NewPassthrough(target, cfg.Upstream.APIKey, transport)
-	pass.ErrorLog = slog.NewLogLogger(logger.Handler(), slog.LevelWarn)
-
-	r := chi.NewRouter()
-	r.Get("/healthz", healthz)
-	r.Head("/healthz", healthz)
-	r.Handle("/*", proxy.Timeout(cfg.Upstream.Timeout)(pass))
-	cleanup := func(context.Context) error {
-		transport.CloseIdleConnections()
-		return nil
-	}
-	return r, cleanup, nil
-}
-
-func healthz(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	_, _ = io.WriteString(w, `{"status":"ok"}`+"\n")
 }
 
 // newLogger returns the logger of the server; level and format have been validated.

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/metrics"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
+)
+
+// wiring is what serve runs: the handler, and the steps of a graceful stop.
+type wiring struct {
+	handler http.Handler
+	drain   func()                          // readiness goes 503 while requests finish
+	close   func(ctx context.Context) error // after the server stopped: release flights, close clients
+}
+
+// wire builds the proxy from the configuration: Redis clients (or none: in-memory), the
+// single-flight group, metrics, the hasher and the HTTP proxy.
+func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
+	target, err := url.Parse(cfg.Upstream.BaseURL)
+	if err != nil {
+		return nil, err
+	}
+	scope, err := hashing.ParseScope(cfg.Hashing.Scope)
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+
+	jitter := cfg.Flight.TakeoverJitter
+	if jitter == 0 {
+		jitter = -1 // configured as none; singleflight reads zero as "default"
+	}
+	opts := singleflight.Options{
+		KeyPrefix:         cfg.Redis.KeyPrefix,
+		HeartbeatInterval: cfg.Flight.HeartbeatInterval,
+		LeaseTTL:          cfg.Flight.LeaseTTL,
+		TakeoverJitter:    jitter,
+		MaxAttempts:       cfg.Flight.MaxAttempts,
+		ResultTTL:         cfg.Flight.ResultTTL,
+		Linger:            cfg.Flight.Linger,
+		Timeout:           cfg.Upstream.Timeout,
+		BatchDelay:        cfg.Flight.StreamBatchDelay,
+		BatchBytes:        cfg.Flight.StreamBatchBytes,
+		StreamMaxLen:      int(cfg.Flight.StreamMaxLen),
+		MemoryMaxEntries:  cfg.Flight.MemoryMaxEntries,
+		Observer:          &logObserver{next: m, log: logger},
+	}
+	var clients []redis.UniversalClient
+	if len(cfg.Redis.Addrs) > 0 {
+		redis.SetLogger(redisLogger{logger})
+		opts.Redis = newRedis(cfg.Redis, false)
+		opts.BlockingRedis = newRedis(cfg.Redis, true)
+		clients = append(clients, opts.Redis, opts.BlockingRedis)
+	}
+	group := singleflight.New(opts)
+
+	transport := proxy.NewTransport()
+	p, err := proxy.New(proxy.Config{
+		Upstream:     target,
+		APIKey:       cfg.Upstream.APIKey,
+		Transport:    transport,
+		Timeout:      cfg.Upstream.Timeout,
+		IdleTimeout:  cfg.Upstream.IdleTimeout,
+		MaxBodyBytes: cfg.Limits.MaxBodyBytes,
+		Paths:        cfg.Dedupe.Paths,
+		Flights:      group,
+		Hasher:       hashing.New(hashing.Options{Scope: scope, IgnoreFields: cfg.Hashing.IgnoreFields}),
+		Recorder:     m,
+		Metrics:      promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
+		Logger:       logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	logger.Info("backend", "kind", group.Backend(), "redis", cfg.Redis.Addrs)
+	return &wiring{
+		handler: p,
+		drain:   p.Drain,
+		close: func(ctx context.Context) error {
+			// Owned flights may finish until ctx ends; then they are released as
+			// FAILED("shutdown"), so followers elsewhere take over at once.
+			err := group.Close(ctx)
+			if err != nil {
+				logger.Warn("shutdown: flights released to other instances", "err", err)
+				err = nil
+			}
+			transport.CloseIdleConnections()
+			for _, c := range clients {
+				err = errors.Join(err, c.Close())
+			}
+			return err
+		},
+	}, nil
+}
+
+// newRedis returns a client for standalone (one address), Sentinel (master_name set) or
+// Cluster (several addresses). The blocking client holds one connection per key being
+// waited for, so its pool is large and its buffers small.
+func newRedis(c RedisConfig, blocking bool) redis.UniversalClient {
+	o := &redis.UniversalOptions{
+		Addrs:        c.Addrs,
+		MasterName:   c.MasterName,
+		Username:     c.Username,
+		Password:     c.Password,
+		DB:           c.DB,
+		DialTimeout:  c.DialTimeout,
+		ReadTimeout:  c.ReadTimeout,
+		WriteTimeout: c.ReadTimeout,
+		PoolSize:     c.PoolSize,
+		MaxRetries:   2,
+	}
+	if c.TLS {
+		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if blocking {
+		o.PoolSize = c.BlockingPoolSize
+		o.ReadBufferSize = 4 << 10
+		o.WriteBufferSize = 1 << 10
+	}
+	return redis.NewUniversalClient(o)
+}
+
+// logObserver logs what an operator should see, and passes every event on to metrics.
+type logObserver struct {
+	next singleflight.Observer
+	log  *slog.Logger
+}
+
+func (o *logObserver) Observe(e singleflight.Event) {
+	o.next.Observe(e)
+	switch e.Kind {
+	case singleflight.EventDegraded:
+		o.log.Warn("redis unavailable: serving with local-only dedupe until it answers")
+	case singleflight.EventRecovered:
+		o.log.Info("redis answers again: distributed dedupe resumed")
+	case singleflight.EventTakeover:
+		o.log.Info("takeover", "reason", e.Reason, "key", short(e.Key))
+	case singleflight.EventLeaseLost:
+		o.log.Warn("lease lost: another instance took over; upstream call cancelled", "key", short(e.Key))
+	case singleflight.EventFencedWrite:
+		o.log.Warn("stale owner's write refused", "op", e.Op, "key", short(e.Key))
+	case singleflight.EventRedisError:
+		o.log.Debug("redis error", "op", e.Op, "err", e.Err)
+	}
+}
+
+func short(key string) string {
+	if len(key) > 12 {
+		return key[:12]
+	}
+	return key
+}
+
+// redisLogger sends go-redis's own messages (dial retries and the like) to the debug log:
+// what matters of them is reported once, as the degraded state.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.Debug("redis client: " + fmt.Sprintf(format, v...))
+}

@@ -1,0 +1,137 @@
+package proxy_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
+)
+
+func TestControlHeaders(t *testing.T) {
+	for name, rs := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			up := startUpstream(t)
+			in := newInstance(t, up, setup{redis: rs, flight: singleflight.Options{ResultTTL: time.Minute}})
+			const path = "/v1/chat/completions"
+			steps := []struct {
+				name      string
+				hdr       []string
+				wantRole  string
+				wantCalls int64
+			}{
+				{"first call stores", nil, "owner", 1},
+				{"repeat is a hit", nil, "hit", 1},
+				{"no-cache skips the stored answer", []string{"Cache-Control", "no-cache"}, "owner", 2},
+				{"bypass goes straight upstream", []string{"X-Dedupe-Bypass", "1"}, "bypass", 3},
+				{"the stored answer is still served", nil, "hit", 3},
+			}
+			body := `{"model":"m","messages":[{"role":"user","content":"` + name + `"}]}`
+			for _, s := range steps {
+				a := post(t, in.URL, path, body, s.hdr...)
+				if a.status != 200 || a.header.Get("X-Dedupe-Role") != s.wantRole || up.Calls() != s.wantCalls {
+					t.Fatalf("%s: status %d role %q calls %d; want 200 %q %d", s.name, a.status, a.header.Get("X-Dedupe-Role"), up.Calls(), s.wantRole, s.wantCalls)
+				}
+			}
+			// no-store: answered, not stored.
+			nsBody := `{"model":"m","messages":[{"role":"user","content":"no-store ` + name + `"}]}`
+			before := up.Calls()
+			post(t, in.URL, path, nsBody, "Cache-Control", "no-store")
+			if a := post(t, in.URL, path, nsBody); a.header.Get("X-Dedupe-Role") != "owner" || up.Calls() != before+2 {
+				t.Fatalf("after no-store: role %q calls %d; want owner and %d", a.header.Get("X-Dedupe-Role"), up.Calls(), before+2)
+			}
+			// Cache-Control and X-Dedupe-Bypass are the proxy's, never forwarded.
+			for _, c := range up.Log() {
+				if strings.Contains(c.Body, "Cache-Control") {
+					t.Fatalf("control leaked into the body")
+				}
+			}
+		})
+	}
+}
+
+// errorBody checks an OpenAI-style error object.
+func errorBody(t *testing.T, a answer, status int, code string) {
+	t.Helper()
+	var e struct {
+		Error struct {
+			Message, Type, Code string
+		}
+	}
+	if a.status != status || json.Unmarshal([]byte(a.body), &e) != nil || e.Error.Code != code || e.Error.Message == "" || e.Error.Type == "" {
+		t.Fatalf("got (%d, %s); want %d with error code %q, a message and a type", a.status, a.body, status, code)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{proxy: func(c *proxy.Config) { c.MaxBodyBytes = 100 }})
+	errorBody(t, post(t, in.URL, "/v1/chat/completions", `{"messages":"`+strings.Repeat("x", 200)+`"}`), 413, "request_too_large")
+	errorBody(t, post(t, in.URL, "/v1/chat/completions", `not json`), 400, "invalid_json")
+	errorBody(t, post(t, in.URL, "/v1/chat/completions", `[1,2]`), 400, "invalid_json")
+	errorBody(t, post(t, in.URL, "/v1/chat/completions", `{"a":1} trailing`), 400, "invalid_json")
+	if up.Calls() != 0 {
+		t.Fatalf("%d upstream calls for bad requests; want 0", up.Calls())
+	}
+	// The instance still serves afterwards.
+	if a := post(t, in.URL, "/v1/embeddings", `{"model":"e","input":"x"}`); a.status != 200 {
+		t.Fatalf("after bad requests: %d %s", a.status, a.body)
+	}
+}
+
+func TestPassthroughAndPrefix(t *testing.T) {
+	up := startUpstream(t)
+	prefixed := newInstance(t, up, setup{base: up.URL + "/openai", flight: singleflight.Options{ResultTTL: time.Minute}})
+	res, err := http.Get(prefixed.URL + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || !strings.Contains(string(b), "fake-model") {
+		t.Fatalf("GET /v1/models: (%d, %s); want the upstream's model list", res.StatusCode, b)
+	}
+	a := post(t, prefixed.URL, "/v1/responses", `{"model":"m","input":"hi"}`)
+	if a.status != 200 || !strings.Contains(a.body, `"object":"response"`) {
+		t.Fatalf("POST /v1/responses: (%d, %s)", a.status, a.body)
+	}
+	log := up.Log()
+	if len(log) != 1 || log[0].Path != "/openai/v1/responses" {
+		t.Fatalf("upstream saw %+v; want one call to /openai/v1/responses", log)
+	}
+}
+
+func TestAPIKeyReplacesAuthorization(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{proxy: func(c *proxy.Config) { c.APIKey = "sk-proxy" }})
+	post(t, in.URL, "/v1/chat/completions", chatBody)
+	if log := up.Log(); len(log) != 1 || log[0].Authorization != "Bearer sk-proxy" {
+		t.Fatalf("upstream saw %+v; want Authorization Bearer sk-proxy", log)
+	}
+}
+
+func TestReadyz(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{})
+	get := func() (int, map[string]any) {
+		res, err := http.Get(in.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var v map[string]any
+		_ = json.NewDecoder(res.Body).Decode(&v)
+		return res.StatusCode, v
+	}
+	if code, v := get(); code != 200 || v["backend"] != "memory" || v["degraded"] != false {
+		t.Fatalf("readyz: %d %v; want 200 memory not degraded", code, v)
+	}
+	in.Proxy.Drain()
+	if code, v := get(); code != 503 || v["status"] != "draining" {
+		t.Fatalf("readyz while draining: %d %v; want 503 draining", code, v)
+	}
+}

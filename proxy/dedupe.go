@@ -1,0 +1,187 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
+)
+
+// Request and response headers of the proxy.
+const (
+	HeaderRole   = "X-Dedupe-Role"
+	HeaderKey    = "X-Dedupe-Key"
+	HeaderBypass = "X-Dedupe-Bypass"
+)
+
+// dedupe serves one deduplicated route.
+func (p *Proxy) dedupe(route string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		info := requestInfoFrom(r.Context())
+		if r.Header.Get(HeaderBypass) == "1" || r.Header.Get("Content-Encoding") != "" {
+			// Straight upstream: asked for, or a compressed body the key cannot see into.
+			info.role = "bypass"
+			w.Header().Set(HeaderRole, "bypass")
+			p.pass.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+		if err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+					"the request body is larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes")
+				return
+			}
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "body_unreadable", "the request body could not be read")
+			return
+		}
+		req, err := p.cfg.Hasher.Key(r.Method, r.URL.Path, r.Header, body)
+		if err != nil {
+			msg := "the request body is not valid JSON"
+			if errors.Is(err, hashing.ErrInvalidJSON) {
+				msg = "the request body is not a valid JSON object: " + strings.TrimPrefix(err.Error(), "hashing: invalid JSON: ")
+			}
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", msg)
+			return
+		}
+		info.key = req.Key
+		cc := cacheControl(r.Header)
+		fn := p.ownerFunc(route, r, body, req.Stream, cc.noStore)
+		rd, err := p.cfg.Flights.Do(req.Key, cc.noCache, fn)
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the proxy is shutting down")
+			return
+		}
+		defer rd.Close()
+		p.respond(w, r, route, req, rd, info)
+	}
+}
+
+// respond writes a flight's outcome to the client as it arrives.
+func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, req hashing.Request, rd *singleflight.Reader, info *requestInfo) {
+	ctx := r.Context()
+	p.cfg.Recorder.WaitingAdd(1)
+	first, err := rd.Next(ctx)
+	p.cfg.Recorder.WaitingAdd(-1)
+	role := rd.Role()
+	info.role = role.String()
+	if err != nil && !errors.Is(err, io.EOF) {
+		p.failBeforeBytes(w, ctx, err)
+		return
+	}
+	head := rd.Head()
+	h := w.Header()
+	for k, vs := range head.Header {
+		h[k] = vs
+	}
+	h.Set(HeaderRole, role.String())
+	h.Set(HeaderKey, req.Key)
+	if role == singleflight.RoleHit {
+		h.Set("Age", strconv.Itoa(int(rd.Age().Seconds())))
+	}
+	sse := isSSE(head.Header)
+	if sse {
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Accel-Buffering", "no")
+	}
+	w.WriteHeader(head.Status)
+	tail := newTail(sse)
+	write := func(c []byte) bool {
+		tail.add(c)
+		if _, err := w.Write(c); err != nil {
+			return false
+		}
+		if sse {
+			http.NewResponseController(w).Flush()
+		}
+		return true
+	}
+	ok := errors.Is(err, io.EOF) || write(first)
+	for ok && !errors.Is(err, io.EOF) {
+		var c []byte
+		c, err = rd.Next(ctx)
+		switch {
+		case err == nil:
+			ok = write(c)
+		case errors.Is(err, io.EOF):
+		default:
+			// Bytes of this answer are out; its rest will never come. An SSE client gets
+			// an error event and a clean end, never a mix of two answers.
+			if sse && ctx.Err() == nil {
+				_, _ = io.WriteString(w, sseError(err))
+				http.NewResponseController(w).Flush()
+			}
+			info.broken = true
+			ok = false
+		}
+	}
+	if ok && (role == singleflight.RoleFollower || role == singleflight.RoleHit) && head.Status/100 == 2 {
+		prompt, completion := tail.usage()
+		p.cfg.Recorder.Saved(route, req.Model, prompt, completion)
+	}
+}
+
+// failBeforeBytes answers a request whose flight ended before any byte was sent.
+func (p *Proxy) failBeforeBytes(w http.ResponseWriter, ctx context.Context, err error) {
+	switch {
+	case ctx.Err() != nil:
+		// The client left; nobody reads an answer.
+	case errors.Is(err, singleflight.ErrShutdown):
+		writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the proxy is shutting down; retry")
+	case errors.Is(err, singleflight.ErrTimeout):
+		writeError(w, http.StatusGatewayTimeout, "upstream_error", "upstream_timeout", "the upstream API did not answer in time")
+	default:
+		writeError(w, http.StatusBadGateway, "upstream_error", "upstream_failed", "the upstream API call failed on every attempt")
+	}
+}
+
+// sseError is the event that ends a stream whose owner changed mid-answer.
+func sseError(err error) string {
+	msg := "the answer was interrupted: its upstream call was taken over by another instance; retry the request"
+	if !errors.Is(err, singleflight.ErrGenerationChanged) {
+		msg = "the answer was interrupted; retry the request"
+	}
+	return "event: error\ndata: {\"error\":{\"message\":\"" + msg + "\",\"type\":\"server_error\",\"code\":\"stream_interrupted\"}}\n\n"
+}
+
+// controls are the request's Cache-Control directives the proxy obeys.
+type controls struct{ noCache, noStore bool }
+
+func cacheControl(h http.Header) controls {
+	var c controls
+	for _, v := range h.Values("Cache-Control") {
+		for _, d := range strings.Split(v, ",") {
+			switch strings.ToLower(strings.TrimSpace(d)) {
+			case "no-cache":
+				c.noCache = true
+			case "no-store":
+				c.noStore = true
+			}
+		}
+	}
+	return c
+}
+
+func isSSE(h map[string][]string) bool {
+	for _, v := range h["Content-Type"] {
+		if strings.HasPrefix(strings.ToLower(v), "text/event-stream") {
+			return true
+		}
+	}
+	return false
+}
+
+// requestInfo is what the handler learnt, for the request's log line.
+type requestInfo struct {
+	role   string
+	key    string
+	broken bool
+	start  time.Time
+}

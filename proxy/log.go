@@ -1,0 +1,55 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5/middleware"
+)
+
+type infoKey struct{}
+
+// requestInfoFrom returns the request's info, filled in by the handler for its log line.
+func requestInfoFrom(ctx context.Context) *requestInfo {
+	if i, ok := ctx.Value(infoKey{}).(*requestInfo); ok {
+		return i
+	}
+	return &requestInfo{}
+}
+
+// logRequests logs one line per request and records it: route, role, status, duration and
+// the first 12 hex digits of the key. Never the Authorization header, never a body.
+func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			role := "rejected" // until the handler decides one
+			if route == "passthrough" {
+				role = "passthrough"
+			}
+			info := &requestInfo{start: time.Now(), role: role}
+			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+			next.ServeHTTP(ww, r.WithContext(context.WithValue(r.Context(), infoKey{}, info)))
+			d := time.Since(info.start)
+			status := ww.Status()
+			if status == 0 {
+				status = 499 // the client left before an answer
+			}
+			if route != "passthrough" {
+				p.cfg.Recorder.Request(route, info.role, status, d)
+			}
+			attrs := []slog.Attr{
+				slog.String("method", r.Method), slog.String("route", route), slog.String("role", info.role),
+				slog.Int("status", status), slog.Float64("duration_ms", float64(d.Microseconds())/1000),
+			}
+			if len(info.key) >= 12 {
+				attrs = append(attrs, slog.String("key", info.key[:12]))
+			}
+			if info.broken {
+				attrs = append(attrs, slog.Bool("interrupted", true))
+			}
+			p.cfg.Logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+		})
+	}
+}

@@ -1,0 +1,179 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
+)
+
+// Flights is the single-flight coordinator the proxy needs; *singleflight.Group is one.
+type Flights interface {
+	Do(key string, noCache bool, fn singleflight.Func) (*singleflight.Reader, error)
+	Backend() string
+	Degraded() bool
+}
+
+// Recorder receives the proxy's measurements; *metrics.Metrics is one.
+type Recorder interface {
+	Request(route, role string, code int, d time.Duration)
+	Upstream(route string, code int, d time.Duration)
+	Saved(route, model string, promptTokens, completionTokens int64)
+	WaitingAdd(delta int)
+}
+
+// Config configures a Proxy. Upstream, Flights and Hasher are required.
+type Config struct {
+	// Upstream is the base URL of the OpenAI-compatible API; its path is a prefix.
+	Upstream *url.URL
+	// APIKey, if set, replaces the client's Authorization on upstream calls.
+	APIKey string
+	// Transport makes upstream calls. If nil, NewTransport() is used.
+	Transport http.RoundTripper
+	// Timeout bounds a passed-through or bypassing request (deduplicated calls are bounded
+	// by the Flights' own timeout). If zero, 10m is used.
+	Timeout time.Duration
+	// IdleTimeout ends a streamed upstream answer that sends nothing for this long. If
+	// zero, 60s is used.
+	IdleTimeout time.Duration
+	// MaxBodyBytes bounds a request body. If zero, 10 MiB is used.
+	MaxBodyBytes int64
+	// MaxResponseBytes bounds an upstream answer that is shared. If zero, 64 MiB is used.
+	MaxResponseBytes int64
+	// Paths are the POST routes that are deduplicated. If nil, DefaultPaths.
+	Paths []string
+	// Flights coordinates identical requests.
+	Flights Flights
+	// Hasher makes request keys.
+	Hasher *hashing.Hasher
+	// Recorder receives measurements. If nil, none are taken.
+	Recorder Recorder
+	// Metrics, if set, is served at /metrics.
+	Metrics http.Handler
+	// Logger logs one line per request. If nil, slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultPaths are the OpenAI routes whose identical requests give interchangeable answers.
+var DefaultPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"}
+
+// Proxy is the deduplicating reverse proxy.
+type Proxy struct {
+	cfg      Config
+	router   chi.Router
+	pass     http.Handler
+	draining atomic.Bool
+}
+
+var _ http.Handler = (*Proxy)(nil)
+
+// New returns a Proxy.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Upstream == nil || cfg.Flights == nil || cfg.Hasher == nil {
+		return nil, errors.New("proxy: Upstream, Flights and Hasher are required")
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = NewTransport()
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Minute
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 60 * time.Second
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 10 << 20
+	}
+	if cfg.MaxResponseBytes <= 0 {
+		cfg.MaxResponseBytes = 64 << 20
+	}
+	if cfg.Paths == nil {
+		cfg.Paths = DefaultPaths
+	}
+	if cfg.Recorder == nil {
+		cfg.Recorder = nopRecorder{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	p := &Proxy{cfg: cfg}
+	pass := NewPassthrough(cfg.Upstream, cfg.APIKey, cfg.Transport)
+	pass.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)
+	p.pass = Timeout(cfg.Timeout)(pass)
+
+	r := chi.NewRouter()
+	r.Get("/healthz", p.healthz)
+	r.Get("/readyz", p.readyz)
+	if cfg.Metrics != nil {
+		r.Handle("/metrics", cfg.Metrics)
+	}
+	for _, path := range cfg.Paths {
+		r.With(p.logRequests(path)).Post(path, p.dedupe(path))
+	}
+	r.With(p.logRequests("passthrough")).Handle("/*", p.pass)
+	p.router = r
+	return p, nil
+}
+
+// ServeHTTP routes a request.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.router.ServeHTTP(w, r) }
+
+// Drain makes /readyz answer 503, so that a load balancer stops sending new requests while
+// the server finishes the ones it has.
+func (p *Proxy) Drain() { p.draining.Store(true) }
+
+func (p *Proxy) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// readyz reports the backend; it answers 503 only when the instance cannot serve at all.
+// A degraded Redis backend still serves (local-only dedupe), so it is ready.
+func (p *Proxy) readyz(w http.ResponseWriter, _ *http.Request) {
+	status := http.StatusOK
+	state := "ready"
+	if p.draining.Load() {
+		status, state = http.StatusServiceUnavailable, "draining"
+	}
+	writeJSON(w, status, map[string]any{
+		"status":   state,
+		"backend":  p.cfg.Flights.Backend(),
+		"degraded": p.cfg.Flights.Degraded(),
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// upstreamURL is the upstream address of a request path: the base URL's path is a prefix.
+func (p *Proxy) upstreamURL(path, rawQuery string) string {
+	u := *p.cfg.Upstream
+	u.Path = strings.TrimSuffix(u.Path, "/") + path
+	u.RawPath = ""
+	switch {
+	case u.RawQuery == "":
+		u.RawQuery = rawQuery
+	case rawQuery != "":
+		u.RawQuery += "&" + rawQuery
+	}
+	return u.String()
+}
+
+type nopRecorder struct{}
+
+func (nopRecorder) Request(string, string, int, time.Duration) {}
+func (nopRecorder) Upstream(string, int, time.Duration)        {}
+func (nopRecorder) Saved(string, string, int64, int64)         {}
+func (nopRecorder) WaitingAdd(int)                             {}

@@ -1,0 +1,183 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
+)
+
+// dropRequestHeaders are not forwarded by an owner: hop-by-hop headers, the proxy's own
+// controls, and Accept-Encoding (the transport asks for gzip itself and decompresses, so
+// that the bytes shared with followers are plain whatever each of them accepts).
+var dropRequestHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Accept-Encoding",
+	"Cache-Control", HeaderBypass,
+}
+
+// replayed reports whether an upstream response header describes the response, and so is
+// replayed to followers and hits: its type, the upstream's request and processing
+// metadata and rate-limit hints. Never Set-Cookie, nothing about the connection.
+func replayed(name string) bool {
+	n := strings.ToLower(name)
+	switch {
+	case n == "content-type", n == "retry-after", n == "retry-after-ms", n == "x-request-id":
+		return true
+	case strings.HasPrefix(n, "openai-"), strings.HasPrefix(n, "x-ratelimit-"):
+		return true
+	}
+	return false
+}
+
+// outcomeOf is the policy for an upstream status: what may be shared and stored.
+func outcomeOf(status int) singleflight.Outcome {
+	switch {
+	case status/100 == 2:
+		return singleflight.Store
+	case status == http.StatusRequestTimeout:
+		return singleflight.Retry
+	case status/100 == 4:
+		// 400, 401, 403, 404, 422 and 429 (with its Retry-After) are what the same
+		// request would get again: shared with this flight, never stored.
+		return singleflight.Share
+	default:
+		return singleflight.Retry
+	}
+}
+
+// ownerFunc returns the upstream call of a flight, made with this client's request.
+func (p *Proxy) ownerFunc(route string, r *http.Request, body []byte, stream, noStore bool) singleflight.Func {
+	header := r.Header.Clone()
+	for _, h := range dropRequestHeaders {
+		header.Del(h)
+	}
+	for _, v := range r.Header.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			header.Del(strings.TrimSpace(name))
+		}
+	}
+	if p.cfg.APIKey != "" {
+		header.Set("Authorization", "Bearer "+p.cfg.APIKey)
+	}
+	target := p.upstreamURL(r.URL.Path, r.URL.RawQuery)
+	method := r.Method
+	return func(ctx context.Context, w *singleflight.Writer) (singleflight.Result, error) {
+		start := time.Now()
+		ctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		out, err := http.NewRequestWithContext(ctx, method, target, bytes.NewReader(body))
+		if err != nil {
+			return failure(http.StatusBadGateway, "upstream_unavailable", "the upstream request could not be made"), err
+		}
+		out.Header = header.Clone()
+		out.ContentLength = int64(len(body))
+		resp, err := p.cfg.Transport.RoundTrip(out)
+		if err != nil {
+			p.cfg.Recorder.Upstream(route, 0, time.Since(start))
+			return transportFailure(ctx, err), err
+		}
+		defer resp.Body.Close()
+		head := singleflight.Head{Status: resp.StatusCode, Header: map[string][]string{}}
+		for k, vs := range resp.Header {
+			if replayed(k) {
+				head.Header[k] = vs
+			}
+		}
+		outcome := outcomeOf(resp.StatusCode)
+		if outcome == singleflight.Store && noStore {
+			outcome = singleflight.Share
+		}
+		var res singleflight.Result
+		if stream && resp.StatusCode/100 == 2 && isSSE(resp.Header) {
+			res, err = p.relay(ctx, cancel, resp.Body, w, head, route)
+		} else {
+			res, err = p.readWhole(ctx, cancel, resp.Body, head)
+		}
+		// The stricter of the status policy and what reading the body found (Store <
+		// Share < Retry): an incomplete stream is shared but never stored.
+		res.Outcome = max(res.Outcome, outcome)
+		code := resp.StatusCode
+		if err != nil {
+			code = 0
+		}
+		p.cfg.Recorder.Upstream(route, code, time.Since(start))
+		return res, err
+	}
+}
+
+// readWhole reads a unary answer, bounded in size; the idle timeout applies between reads.
+func (p *Proxy) readWhole(ctx context.Context, cancel context.CancelCauseFunc, body io.Reader, head singleflight.Head) (singleflight.Result, error) {
+	var buf bytes.Buffer
+	err := p.pump(ctx, cancel, body, func(c []byte) error {
+		if int64(buf.Len()+len(c)) > p.cfg.MaxResponseBytes {
+			return errTooLarge
+		}
+		buf.Write(c)
+		return nil
+	})
+	if err != nil {
+		return transportFailure(ctx, err), err
+	}
+	return singleflight.Result{Head: head, Body: buf.Bytes()}, nil
+}
+
+var (
+	errIdle     = errors.New("proxy: upstream sent nothing for idle_timeout")
+	errTooLarge = errors.New("proxy: upstream answer larger than the limit")
+)
+
+// pump reads body until EOF, handing each read to sink; a read that takes longer than the
+// idle timeout ends the call (no zombie owner).
+func (p *Proxy) pump(ctx context.Context, cancel context.CancelCauseFunc, body io.Reader, sink func([]byte) error) error {
+	idle := time.AfterFunc(p.cfg.IdleTimeout, func() { cancel(errIdle) })
+	defer idle.Stop()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(buf)
+		idle.Reset(p.cfg.IdleTimeout)
+		if n > 0 {
+			if serr := sink(buf[:n]); serr != nil {
+				return serr
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			if cause := context.Cause(ctx); cause != nil {
+				return cause
+			}
+			return err
+		}
+	}
+}
+
+// failure is an answer made by the proxy in the OpenAI error shape, for a failed attempt.
+func failure(status int, code, msg string) singleflight.Result {
+	body := fmt.Sprintf(`{"error":{"message":%q,"type":"upstream_error","code":%q}}`+"\n", msg, code)
+	return singleflight.Result{
+		Head:    singleflight.Head{Status: status, Header: map[string][]string{"Content-Type": {"application/json"}}},
+		Body:    []byte(body),
+		Outcome: singleflight.Retry,
+	}
+}
+
+func transportFailure(ctx context.Context, err error) singleflight.Result {
+	cause := context.Cause(ctx)
+	switch {
+	case errors.Is(err, errIdle) || errors.Is(cause, errIdle):
+		return failure(http.StatusGatewayTimeout, "upstream_idle_timeout", "the upstream API stopped sending")
+	case errors.Is(cause, singleflight.ErrTimeout) || isTimeout(err):
+		return failure(http.StatusGatewayTimeout, "upstream_timeout", "the upstream API did not answer in time")
+	case errors.Is(err, errTooLarge):
+		return failure(http.StatusBadGateway, "upstream_too_large", "the upstream answer is larger than the proxy shares")
+	}
+	return failure(http.StatusBadGateway, "upstream_unavailable", "the upstream API could not be reached")
+}
