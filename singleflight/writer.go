@@ -100,7 +100,11 @@ func (w *Writer) transcript(body []byte) []byte {
 }
 
 // flushLoop sends pending bytes as batches until the Writer is closed, then once more.
+// A write after a quiet spell goes out at once (the first token is not delayed); writes
+// that follow within BatchDelay of a flush are collected into the next batch, unless it
+// already holds BatchBytes.
 func (w *Writer) flushLoop() {
+	var last time.Time
 	for {
 		select {
 		case <-w.wake:
@@ -108,15 +112,15 @@ func (w *Writer) flushLoop() {
 			w.flush()
 			return
 		}
-		// Collect for up to BatchDelay unless the batch is already big enough.
-		if w.pendingLen() < w.g.opts.BatchBytes {
-			t := time.NewTimer(w.g.opts.BatchDelay)
+		if wait := w.g.opts.BatchDelay - time.Since(last); wait > 0 && w.pendingLen() < w.g.opts.BatchBytes {
+			t := time.NewTimer(wait)
 			select {
 			case <-t.C:
 			case <-w.done:
 				t.Stop()
 			}
 		}
+		last = time.Now()
 		if !w.flush() {
 			return
 		}
