@@ -28,7 +28,7 @@ type upstream struct {
 	URL string
 }
 
-func startUpstream(t *testing.T) *upstream {
+func startUpstream(t testing.TB) *upstream {
 	t.Helper()
 	u := fakeupstream.New()
 	srv := httptest.NewServer(u)
@@ -54,7 +54,7 @@ type setup struct {
 	proxy  func(*proxy.Config)
 }
 
-func newInstance(t *testing.T, up *upstream, s setup) *instance {
+func newInstance(t testing.TB, up *upstream, s setup) *instance {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
