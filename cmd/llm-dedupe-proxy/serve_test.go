@@ -15,6 +15,12 @@ import (
 // startServe runs serve in-process on a free port and returns its base URL and a function that
 // stops it (as SIGTERM would) and returns its exit status.
 func startServe(t *testing.T, args ...string) (string, func() int) {
+	base, stop, _ := startServeLogs(t, args...)
+	return base, stop
+}
+
+// startServeLogs is startServe that also returns the messages serve logs, as they come.
+func startServeLogs(t *testing.T, args ...string) (string, func() int, <-chan string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -27,12 +33,19 @@ func startServe(t *testing.T, args ...string) (string, func() int) {
 	}()
 
 	addr := make(chan string, 1)
+	msgs := make(chan string, 1000)
 	go func() {
 		sc := bufio.NewScanner(logs)
 		for sc.Scan() {
 			var line struct{ Msg, Addr string }
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
-				addr <- line.Addr
+			if json.Unmarshal(sc.Bytes(), &line) == nil {
+				if line.Msg == "listening" {
+					addr <- line.Addr
+				}
+				select {
+				case msgs <- line.Msg:
+				default:
+				}
 			}
 		}
 		close(addr)
@@ -59,7 +72,23 @@ func startServe(t *testing.T, args ...string) (string, func() int) {
 			return -1
 		}
 	}
-	return base, stop
+	return base, stop, msgs
+}
+
+// waitLogged waits until serve logs msg.
+func waitLogged(t *testing.T, msgs <-chan string, msg string) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case m := <-msgs:
+			if m == msg {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("serve did not log %q within 10s", msg)
+		}
+	}
 }
 
 func TestServe(t *testing.T) {
@@ -106,7 +135,7 @@ func TestServeFinishesRequestsOnShutdown(t *testing.T) {
 		io.WriteString(w, "data: [DONE]\n\n")
 	}))
 	defer up.Close()
-	base, stop := startServe(t, "--upstream.base_url="+up.URL)
+	base, stop, msgs := startServeLogs(t, "--upstream.base_url="+up.URL)
 
 	got := make(chan string, 1)
 	go func() {
@@ -122,12 +151,25 @@ func TestServeFinishesRequestsOnShutdown(t *testing.T) {
 	<-started
 	stopped := make(chan int, 1)
 	go func() { stopped <- stop() }()
-	time.Sleep(100 * time.Millisecond) // let the shutdown begin
+	waitLogged(t, msgs, "shutting down")
 	close(release)
 	if b := <-got; b != "data: 1\n\ndata: [DONE]\n\n" {
 		t.Errorf("answer during shutdown %q; want both events", b)
 	}
 	if code := <-stopped; code != 0 {
 		t.Errorf("status %d; want 0", code)
+	}
+}
+
+func TestHealthcheck(t *testing.T) {
+	base, stop := startServe(t)
+	listen := "--listen=" + strings.TrimPrefix(base, "http://")
+	var stderr strings.Builder
+	if code := run(context.Background(), []string{"healthcheck", listen}, lookup(nil), strings.NewReader(""), io.Discard, &stderr); code != 0 {
+		t.Fatalf("healthcheck of a running proxy: status %d (%s); want 0", code, stderr.String())
+	}
+	stop()
+	if code := run(context.Background(), []string{"healthcheck", listen, "--timeout=1s"}, lookup(nil), strings.NewReader(""), io.Discard, io.Discard); code != 1 {
+		t.Fatalf("healthcheck of a stopped proxy: status %d; want 1", code)
 	}
 }

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+)
+
+// healthcheck asks the running proxy's /healthz (on the configured listen address) and exits
+// 0 when it answers 200. It lets a container image without a shell or curl have a
+// HEALTHCHECK.
+func (a *app) healthcheck(args []string) int {
+	fs, cf := a.flagSet("healthcheck", "healthcheck [flags]")
+	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for the answer")
+	if code, done := a.parse(fs, args, 0); done {
+		return code
+	}
+	cfg, err := cf.load(a.getenv)
+	if err != nil {
+		return a.invalidConfig(err)
+	}
+	host, port, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		fmt.Fprintf(a.stderr, "llm-dedupe-proxy healthcheck: listen %q: %v\n", cfg.Listen, err)
+		return 1
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	c := &http.Client{Timeout: *timeout}
+	resp, err := c.Get("http://" + net.JoinHostPort(host, port) + "/healthz")
+	if err != nil {
+		fmt.Fprintf(a.stderr, "llm-dedupe-proxy healthcheck: %v\n", err)
+		return 1
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(a.stderr, "llm-dedupe-proxy healthcheck: /healthz answered %d\n", resp.StatusCode)
+		return 1
+	}
+	return 0
+}
