@@ -135,3 +135,18 @@ func TestReadyz(t *testing.T) {
 		t.Fatalf("readyz while draining: %d %v; want 503 draining", code, v)
 	}
 }
+
+// Other methods on a deduplicated path are passed through, not refused.
+func TestOtherMethodsPassThrough(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{})
+	req, _ := http.NewRequest(http.MethodDelete, in.URL+"/v1/responses", nil)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 || res.Header.Get("X-Dedupe-Role") != "" || up.Calls() != 1 {
+		t.Fatalf("DELETE /v1/responses: %d role %q calls %d; want the upstream's 200, no role, 1 call", res.StatusCode, res.Header.Get("X-Dedupe-Role"), up.Calls())
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -42,7 +43,7 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			writeError(w, http.StatusBadRequest, "invalid_request_error", "body_unreadable", "the request body could not be read")
 			return
 		}
-		req, err := p.cfg.Hasher.Key(r.Method, r.URL.Path, r.Header, body)
+		req, err := p.cfg.Hasher.Key(r.Method, keyPath(r.URL), r.Header, body)
 		if err != nil {
 			msg := "the request body is not valid JSON"
 			if errors.Is(err, hashing.ErrInvalidJSON) {
@@ -149,6 +150,20 @@ func sseError(err error) string {
 		msg = "the answer was interrupted; retry the request"
 	}
 	return "event: error\ndata: {\"error\":{\"message\":\"" + msg + "\",\"type\":\"server_error\",\"code\":\"stream_interrupted\"}}\n\n"
+}
+
+// keyPath is the path and, if there is one, the query of a request, in the form the key is
+// made of: the query is sent upstream (Azure-style APIs choose the API version there), so
+// it is part of the key, its parameters sorted.
+func keyPath(u *url.URL) string {
+	if u.RawQuery == "" {
+		return u.Path
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return u.Path + "?" + u.RawQuery
+	}
+	return u.Path + "?" + q.Encode()
 }
 
 // controls are the request's Cache-Control directives the proxy obeys.

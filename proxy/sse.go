@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"strings"
@@ -10,14 +11,12 @@ import (
 
 // relay forwards a streamed (SSE) answer to the flight as it arrives: local readers get
 // each read at once, followers elsewhere in batches. Only a stream that ended properly may
-// be stored: for the Chat Completions and Completions APIs the upstream's last event is
-// "data: [DONE]"; for other routes (the Responses API ends with its response.completed
-// event, forwarded verbatim) a clean end of the body.
+// be stored (see complete); any other is shared with this flight's waiters only.
 func (p *Proxy) relay(ctx context.Context, cancel context.CancelCauseFunc, body io.Reader, w *singleflight.Writer, head singleflight.Head, route string) (singleflight.Result, error) {
 	w.WriteHead(head)
 	end := newTail(true)
 	err := p.pump(ctx, cancel, body, func(c []byte) error {
-		end.add(c)
+		end.add(bytes.Clone(c)) // c is the read buffer, reused by the next read
 		_, err := w.Write(c)
 		return err
 	})
@@ -25,12 +24,22 @@ func (p *Proxy) relay(ctx context.Context, cancel context.CancelCauseFunc, body 
 		return transportFailure(ctx, err), err
 	}
 	res := singleflight.Result{Outcome: singleflight.Store}
-	if needsDone(route) && !end.endsWithDone() {
+	if !complete(route, end) {
 		res.Outcome = singleflight.Share
 	}
 	return res, nil
 }
 
-func needsDone(route string) bool {
-	return strings.HasSuffix(route, "/completions")
+// complete reports whether a stream ended as its API ends a whole answer: "data: [DONE]"
+// for Chat Completions and Completions; a last event response.completed for the Responses
+// API (not response.failed or response.incomplete). On any other route a stream is never
+// known to be whole.
+func complete(route string, t *tail) bool {
+	switch {
+	case strings.HasSuffix(route, "/completions"):
+		return t.endsWithDone()
+	case strings.HasSuffix(route, "/responses"):
+		return t.lastEvent() == "response.completed"
+	}
+	return false
 }

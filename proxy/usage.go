@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 )
 
-// tail keeps the end of an answer: the whole of a unary one (up to a bound), the last
-// events of a stream, where the usage and the [DONE] marker are.
+// tail keeps the end of an answer, where the usage and the end markers are: references
+// to the chunks (which are never changed), not copies, so a follower costs no memory for
+// it. A stream keeps its last tailMax bytes or more, in whole chunks.
 type tail struct {
-	sse bool
-	buf []byte
+	sse    bool
+	chunks [][]byte
+	size   int
 }
 
 const tailMax = 64 << 10
@@ -17,38 +19,63 @@ const tailMax = 64 << 10
 func newTail(sse bool) *tail { return &tail{sse: sse} }
 
 func (t *tail) add(c []byte) {
-	t.buf = append(t.buf, c...)
-	if len(t.buf) > tailMax && t.sse {
-		t.buf = append(t.buf[:0], t.buf[len(t.buf)-tailMax/2:]...)
+	t.chunks = append(t.chunks, c)
+	t.size += len(c)
+	for t.sse && len(t.chunks) > 1 && t.size-len(t.chunks[0]) >= tailMax {
+		t.size -= len(t.chunks[0])
+		t.chunks = t.chunks[1:]
 	}
+}
+
+func (t *tail) bytes() []byte {
+	if len(t.chunks) == 1 {
+		return t.chunks[0]
+	}
+	return bytes.Join(t.chunks, nil)
 }
 
 // endsWithDone reports whether the stream's last event is "data: [DONE]".
 func (t *tail) endsWithDone() bool {
-	b := bytes.TrimRight(t.buf, "\r\n ")
+	b := bytes.TrimRight(t.bytes(), "\r\n ")
 	return bytes.HasSuffix(b, []byte("data: [DONE]")) || bytes.HasSuffix(b, []byte("data:[DONE]"))
+}
+
+// lastEvent is the name (the "event:" field) of the stream's last event.
+func (t *tail) lastEvent() string {
+	b := bytes.TrimRight(t.bytes(), "\r\n ")
+	if i := bytes.LastIndex(b, []byte("\n\n")); i >= 0 {
+		b = b[i+2:]
+	}
+	for _, line := range bytes.Split(b, []byte("\n")) {
+		if name, ok := bytes.CutPrefix(bytes.TrimSpace(line), []byte("event:")); ok {
+			return string(bytes.TrimSpace(name))
+		}
+	}
+	return ""
 }
 
 // usage counts the tokens of the answer: Chat Completions, Completions and Embeddings
 // report prompt_tokens and completion_tokens; the Responses API input_tokens and
-// output_tokens. A stream reports them in its last data event that has usage (Chat
-// Completions with stream_options.include_usage; the Responses API's response.completed).
+// output_tokens. The last "usage" object of the answer is read, wherever it is: at the end
+// of a unary body, in the last data event of a Chat Completions stream with
+// stream_options.include_usage, in the Responses API's response.completed event. Only that
+// object is decoded, not the whole answer.
 func (t *tail) usage() (prompt, completion int64) {
-	if !t.sse {
-		return usageOf(t.buf)
+	b := t.bytes()
+	i := bytes.LastIndex(b, []byte(`"usage"`))
+	if i < 0 {
+		return 0, 0
 	}
-	events := bytes.Split(t.buf, []byte("\n"))
-	for i := len(events) - 1; i >= 0; i-- {
-		line := bytes.TrimSpace(events[i])
-		data, ok := bytes.CutPrefix(line, []byte("data:"))
-		if !ok || !bytes.Contains(data, []byte(`"usage"`)) {
-			continue
-		}
-		if p, c := usageOf(bytes.TrimSpace(data)); p != 0 || c != 0 {
-			return p, c
-		}
+	rest := bytes.TrimLeft(b[i+len(`"usage"`):], " \t\r\n")
+	rest, ok := bytes.CutPrefix(rest, []byte(":"))
+	if !ok {
+		return 0, 0
 	}
-	return 0, 0
+	var u usageFields
+	if json.NewDecoder(bytes.NewReader(rest)).Decode(&u) != nil {
+		return 0, 0
+	}
+	return u.PromptTokens + u.InputTokens, u.CompletionTokens + u.OutputTokens
 }
 
 type usageFields struct {
@@ -56,24 +83,4 @@ type usageFields struct {
 	CompletionTokens int64 `json:"completion_tokens"`
 	InputTokens      int64 `json:"input_tokens"`
 	OutputTokens     int64 `json:"output_tokens"`
-}
-
-func usageOf(b []byte) (prompt, completion int64) {
-	var v struct {
-		Usage    *usageFields `json:"usage"`
-		Response *struct {
-			Usage *usageFields `json:"usage"`
-		} `json:"response"`
-	}
-	if json.Unmarshal(b, &v) != nil {
-		return 0, 0
-	}
-	u := v.Usage
-	if u == nil && v.Response != nil {
-		u = v.Response.Usage
-	}
-	if u == nil {
-		return 0, 0
-	}
-	return u.PromptTokens + u.InputTokens, u.CompletionTokens + u.OutputTokens
 }

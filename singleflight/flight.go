@@ -140,6 +140,12 @@ func (f *flight) isOwning() bool {
 	return f.owning
 }
 
+func (f *flight) readerCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.readers
+}
+
 // othersWaiting reports whether readers other than the leader's are still there: only
 // they need another attempt after the leader's own attempt failed.
 func (f *flight) othersWaiting() bool {

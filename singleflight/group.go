@@ -250,15 +250,8 @@ func (g *Group) Do(key string, noCache bool, fn Func) (*Reader, error) {
 	if g.closed {
 		return nil, ErrClosed
 	}
-	lkey := key
-	if noCache {
-		lkey = key + "\x00nocache"
-	}
-	f, ok := g.flights[lkey]
-	if ok && f.hasEnded() {
-		ok = false // its outcome is out: a caller arriving now starts anew
-	}
-	leader := !ok
+	f, lkey := g.joinable(key, noCache)
+	leader := f == nil
 	if leader {
 		ctx, cancel := context.WithCancelCause(g.ctx)
 		f = newFlight(key, noCache, fn, cancel)
@@ -271,6 +264,35 @@ func (g *Group) Do(key string, noCache bool, fn Func) (*Reader, error) {
 	f.leaderOpen = f.leaderOpen || leader
 	f.mu.Unlock()
 	return &Reader{g: g, f: f, leader: leader, started: time.Now()}, nil
+}
+
+// joinable returns the local flight a caller of key joins, or nil and the map key under
+// which to start one. A caller joins a flight in progress whatever its leader asked; a
+// no-cache caller does not join one that may serve a stored result (a hit, or one whose
+// role is not decided yet), so it gets a flight of its own; g.mu held.
+func (g *Group) joinable(key string, noCache bool) (*flight, string) {
+	nc := key + "\x00nocache"
+	usable := func(f *flight) bool {
+		if f == nil || f.hasEnded() {
+			return false // its outcome is out: a caller arriving now starts anew
+		}
+		if !noCache || f.noCache {
+			return true
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.role == RoleOwner || f.role == RoleFollower
+	}
+	if f := g.flights[key]; usable(f) {
+		return f, key
+	}
+	if f := g.flights[nc]; usable(f) {
+		return f, nc
+	}
+	if noCache {
+		return nil, nc
+	}
+	return nil, key
 }
 
 // leave is called when a reader closes.

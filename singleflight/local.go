@@ -17,12 +17,12 @@ type localOwnership struct {
 
 func (localOwnership) renew(context.Context) error                           { return nil }
 func (localOwnership) appendBatch(context.Context, int, *Head, []byte) error { return nil }
-func (localOwnership) fail(context.Context, int, Result, string) error       { return nil }
+func (localOwnership) fail(context.Context, Result, string) error            { return nil }
 func (localOwnership) remote() bool                                          { return false }
 
-func (l localOwnership) complete(_ context.Context, _ int, res Result, transcript []byte, store bool) error {
-	if l.cache && store {
-		l.g.cache.Add(l.key, storedResult{head: res.Head, body: transcript, at: time.Now()})
+func (l localOwnership) complete(_ context.Context, fin final) error {
+	if l.cache && fin.store {
+		l.g.cache.Add(l.key, storedResult{head: fin.head, body: fin.transcript, at: time.Now()})
 	}
 	return nil
 }

@@ -15,10 +15,24 @@ type ownership interface {
 	renew(ctx context.Context) error
 	// appendBatch adds batch number n (from 1) of streamed bytes; head rides on the first.
 	appendBatch(ctx context.Context, n int, head *Head, data []byte) error
-	complete(ctx context.Context, n int, res Result, transcript []byte, store bool) error
-	fail(ctx context.Context, n int, res Result, reason string) error
+	// complete ends the flight with its answer; see final.
+	complete(ctx context.Context, fin final) error
+	// fail ends this attempt; res is the failed answer, if there is one.
+	fail(ctx context.Context, res Result, reason string) error
 	// remote says whether there are followers elsewhere to renew and write for.
 	remote() bool
+}
+
+// final is what complete writes: the head, the bytes followers have not surely been sent
+// (tail: a batch whose append may or may not have landed, landedN and skip as in
+// Writer.tail, then unsent bytes and the body), and the whole answer for storing.
+type final struct {
+	head       Head
+	tail       []byte
+	landedN    int
+	skip       int
+	transcript []byte
+	store      bool
 }
 
 // attemptEnd is how one owned attempt ended.
@@ -44,14 +58,18 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	w := &Writer{g: g, f: f, o: o, ctx: fctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	hbDone := make(chan struct{})
 	var hb, flusher sync.WaitGroup
-	defer hb.Wait() // after the final write: a stuck renewal must not delay it
+	defer hb.Wait()
+	stopHeartbeat := sync.OnceFunc(func() { close(hbDone) })
+	defer stopHeartbeat()
 	if o.remote() {
-		hb.Go(func() { g.heartbeat(fctx, o, cancel, hbDone) })
+		// The heartbeat lives under the hard timeout (a stuck owner function cannot keep
+		// the lease), and on until the final write, so a slow final write does not let
+		// the lease run out under it.
+		hb.Go(func() { g.heartbeat(tctx, o, cancel, hbDone) })
 		flusher.Go(w.flushLoop)
 	}
 
 	res, err := callOwner(tctx, f.fn, w)
-	close(hbDone)
 	w.closeAndFlush()
 	flusher.Wait()
 
@@ -72,10 +90,12 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	}
 	if err == nil && res.Outcome != Retry && res.Head.Status != 0 {
 		store := res.Outcome == Store && g.opts.ResultTTL > 0
-		transcript := w.transcript(res.Body)
-		tail := res // what followers have not been sent yet: unflushed bytes and the body
-		tail.Body = append(w.takePending(), res.Body...)
-		if cerr := o.complete(wctx, w.n+1, tail, transcript, store); errors.Is(cerr, ErrLeaseLost) {
+		fin := final{head: res.Head, transcript: w.transcript(res.Body), store: store}
+		fin.tail, fin.landedN, fin.skip = w.tail()
+		fin.tail = append(fin.tail, res.Body...)
+		cerr := o.complete(wctx, fin)
+		stopHeartbeat()
+		if errors.Is(cerr, ErrLeaseLost) {
 			// Another owner took over; its result is the stored one. Our local readers
 			// already hold a whole response, so they get it rather than a second call.
 			g.observe(Event{Kind: EventFencedWrite, Key: f.key, Op: "complete"})
@@ -95,7 +115,9 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	} else if errors.Is(cause, ErrTimeout) {
 		reason = "timeout"
 	}
-	if ferr := o.fail(wctx, w.n+1, res, reason); errors.Is(ferr, ErrLeaseLost) {
+	ferr := o.fail(wctx, res, reason)
+	stopHeartbeat()
+	if errors.Is(ferr, ErrLeaseLost) {
 		g.observe(Event{Kind: EventFencedWrite, Key: f.key, Op: "fail"})
 	}
 	var lf *Result

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -51,7 +52,9 @@ type remote struct {
 	block    redis.UniversalClient
 	maxBlock time.Duration // upper bound of one blocking read, so that Close is prompt
 	local    atomic.Uint64 // makes tokens unique within this process
-	probing  atomic.Bool
+
+	mu      sync.Mutex // guards probing, and changes of Group.degraded
+	probing bool
 }
 
 func newRemote(g *Group) *remote {
@@ -127,7 +130,7 @@ func (r *remote) claim(ctx context.Context, key, token, seen string, fresh bool)
 	k := r.keys(key)
 	o := r.g.opts
 	v, err := claimScript.Run(ctx, r.rdb, []string{k.meta, k.stream},
-		token, seen, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.MaxAttempts, flag(fresh), o.StreamMaxLen).Slice()
+		token, seen, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.MaxAttempts, flag(fresh)).Slice()
 	if err != nil {
 		return decision{}, r.redisErr("claim", err)
 	}
@@ -160,6 +163,9 @@ func (r *remote) redisErr(op string, err error) error {
 
 // unavailable tells errors of an unreachable or unusable server from replies to a command.
 func unavailable(err error) bool {
+	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
+		return false // this process is busy, Redis is not down: only that flight goes local
+	}
 	var re redis.Error
 	if errors.As(err, &re) {
 		msg := re.Error()
@@ -173,44 +179,59 @@ func unavailable(err error) bool {
 	return true
 }
 
-// degrade switches the Group to local-only dedupe until Redis answers a PING again.
+// degrade switches the Group to local-only dedupe until Redis answers a PING again, on
+// both clients. degraded and probing change together under one lock, so that a failure
+// reported while a probe is ending always leaves a probe running.
 func (r *remote) degrade() {
-	if !r.g.degraded.CompareAndSwap(false, true) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.g.degraded.Load() {
 		return
 	}
+	r.g.degraded.Store(true)
 	r.g.observe(Event{Kind: EventDegraded})
-	if !r.probing.CompareAndSwap(false, true) {
+	if r.probing {
 		return
 	}
 	r.g.mu.Lock()
-	if r.g.closed {
-		r.g.mu.Unlock()
-		r.probing.Store(false)
+	closed := r.g.closed
+	if !closed {
+		r.g.wg.Add(1)
+	}
+	r.g.mu.Unlock()
+	if closed {
 		return
 	}
-	r.g.wg.Add(1)
-	r.g.mu.Unlock()
+	r.probing = true
 	go r.probe()
 }
 
 // probe pings Redis until it answers, then ends degraded mode.
 func (r *remote) probe() {
 	defer r.g.wg.Done()
-	defer r.probing.Store(false)
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
 		select {
 		case <-r.g.ctx.Done():
+			r.mu.Lock()
+			r.probing = false
+			r.mu.Unlock()
 			return
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(r.g.ctx, time.Second)
 		err := r.rdb.Ping(ctx).Err()
+		if err == nil && r.block != r.rdb {
+			err = r.block.Ping(ctx).Err()
+		}
 		cancel()
 		if err == nil {
+			r.mu.Lock()
+			r.probing = false
 			r.g.degraded.Store(false)
 			r.g.observe(Event{Kind: EventRecovered})
+			r.mu.Unlock()
 			return
 		}
 	}

@@ -15,6 +15,7 @@ type position struct {
 	last    string // ID of the last entry read
 	n       int    // batch number expected next
 	attempt int
+	lost    bool // entries of this generation are missing: only its end matters
 }
 
 // lead runs one local flight against Redis: look up, then serve a hit, follow the owner,
@@ -24,12 +25,13 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 	var (
 		pos         position
 		last        Result // the last failed response seen, for when no attempt is left
-		attempt     int    // of this process's own last attempt
+		failures    int    // failed attempts this flight saw (releases at shutdown excepted)
 		fresh       = true // this flight has not yet seen an attempt of its key
 		contended   bool   // the jitter before a takeover was waited
 		reason      string // why we contend
 		decided     bool
 		streamTried bool // read the stream for a finished newer attempt
+		local       bool // a Redis command failed: serve this flight in-process
 	)
 	role := func(ro Role) {
 		if !decided {
@@ -37,16 +39,21 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			g.observe(Event{Kind: EventRole, Key: f.key, Role: ro})
 		}
 	}
+	// gaveUp reports whether the attempts are used up: by the flight's count in Redis or,
+	// when new callers keep restarting that count, by what this flight itself saw.
+	gaveUp := func(attempt int) bool {
+		return attempt >= g.opts.MaxAttempts || failures >= g.opts.MaxAttempts
+	}
 	for ctx.Err() == nil {
-		if g.degraded.Load() {
+		if local || g.degraded.Load() {
 			g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "degraded"})
 			role(RoleOwner)
-			g.leadLocal(ctx, f, 1, false)
+			g.leadLocal(ctx, f, failures+1, false)
 			return
 		}
 		d, err := r.lookup(ctx, f.key, f.noCache)
 		if err != nil {
-			r.fallBack(ctx, err)
+			local = true
 			continue
 		}
 	decide:
@@ -71,22 +78,28 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			case followDone:
 				return
 			case followRedisErr:
-				r.fallBack(ctx, end.err)
+				local = true
+				continue
+			case followLost:
+				// Take the stored answer if there is one, else call again.
+				fresh, contended, streamTried = false, true, true
 				continue
 			case followFailed:
 				last, reason = end.res, "failed"
 				if end.reason == "shutdown" {
 					reason = "shutdown"
-				}
-				if pos.attempt >= g.opts.MaxAttempts {
-					g.deliverLastError(f, last)
-					return
+				} else {
+					failures++
+					if gaveUp(pos.attempt) {
+						g.deliverLastError(f, last)
+						return
+					}
 				}
 			case followExpired:
 				reason = "expired"
 			}
 			fresh = false
-			if !g.jitter(ctx) {
+			if f.readerCount() == 0 || !g.jitter(ctx) {
 				return
 			}
 			contended = true
@@ -99,7 +112,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 				case followDone:
 					return
 				case followRedisErr:
-					r.fallBack(ctx, end.err)
+					local = true
 				}
 				continue
 			}
@@ -117,12 +130,12 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			}
 			token, err := r.newToken(ctx)
 			if err != nil {
-				r.fallBack(ctx, err)
+				local = true
 				continue
 			}
 			c, err := r.claim(ctx, f.key, token, d.token, fresh)
 			if err != nil {
-				r.fallBack(ctx, err)
+				local = true
 				continue
 			}
 			contended = false
@@ -140,7 +153,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			if d.reason == "expired" || d.reason == "failed" || reason != "" {
 				g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: orDefault(reason, d.reason)})
 			}
-			reason, fresh, attempt = "", false, c.attempt
+			reason, fresh = "", false
 			pos = position{token: token}
 			o := &remoteOwnership{r: r, key: f.key, k: r.keys(f.key), token: token}
 			end, res, _ := g.own(ctx, f, o)
@@ -148,24 +161,19 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			case attemptDone:
 				return
 			case attemptLeaseLost:
+				if f.readerCount() == 0 {
+					return // nobody here waits for the new owner's answer
+				}
 				continue // follow whoever owns it now
 			}
 			last = res
-			if ctx.Err() != nil || !g.retryAfterFailure(ctx, f, attempt, last) {
+			failures++
+			if ctx.Err() != nil || !g.retryAfterFailure(ctx, f, max(c.attempt, failures), last) {
 				return
 			}
 			reason, contended = "failed", true
 		}
 	}
-}
-
-// fallBack handles a failed Redis command of a flight: degrade (the loop then serves
-// local-only), unless the flight itself was cancelled.
-func (r *remote) fallBack(ctx context.Context, err error) {
-	if ctx.Err() != nil {
-		return
-	}
-	r.degrade()
 }
 
 func orDefault(s, d string) string {
@@ -182,6 +190,7 @@ const (
 	followFailed                     // the attempt failed; res is its response
 	followExpired                    // the owner's lease ran out, or its meta is gone
 	followRedisErr                   // Redis does not answer
+	followLost                       // the attempt ended, but its entries could not all be read
 )
 
 type followEnd struct {
@@ -264,12 +273,22 @@ func (r *remote) apply(f *flight, pos *position, m redis.XMessage) (followEnd, b
 		return followEnd{}, false
 	}
 	n, _ := strconv.Atoi(val(m, "n"))
-	if n != pos.n {
-		// Entries are missing (trimmed): the rest of this generation cannot be read.
+	if n != pos.n && !pos.lost {
+		// Entries are missing (trimmed): this generation cannot be streamed. Wait for
+		// its end, then take the stored answer or call again.
+		pos.lost = true
 		f.resetGen(nil)
-		return followEnd{kind: followExpired}, true
 	}
-	pos.n++
+	pos.n = n + 1
+	if pos.lost {
+		switch t {
+		case "done":
+			return followEnd{kind: followLost}, true
+		case "failed":
+			return followEnd{kind: followFailed, reason: val(m, "r")}, true
+		}
+		return followEnd{}, false
+	}
 	var head *Head
 	if s := val(m, "s"); s != "" {
 		h, err := decodeHead(s, val(m, "h"))

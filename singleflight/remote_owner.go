@@ -2,8 +2,13 @@ package singleflight
 
 import (
 	"context"
+	"errors"
 	"strconv"
 )
+
+// errStreamFull says the flight's stream holds StreamMaxLen entries: the owner stops
+// appending, and its final write carries the rest.
+var errStreamFull = errors.New("singleflight: stream full")
 
 // remoteOwnership is one owned attempt in Redis: every write is fenced by token.
 type remoteOwnership struct {
@@ -40,23 +45,26 @@ func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, da
 	}
 	v, err := appendScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream},
 		o.token, n, status, header, data, o.r.runningTTL(), o.r.g.opts.StreamMaxLen).Int64()
+	if err == nil && v == 2 {
+		return errStreamFull
+	}
 	return o.fenced("append", v, err)
 }
 
-func (o *remoteOwnership) complete(ctx context.Context, n int, res Result, transcript []byte, store bool) error {
+func (o *remoteOwnership) complete(ctx context.Context, fin final) error {
 	opts := o.r.g.opts
 	v, err := completeScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream, o.k.result},
-		o.token, n, res.Head.Status, encodeHeader(res.Head.Header), res.Body, transcript, flag(store),
-		opts.ResultTTL.Milliseconds(), opts.Linger.Milliseconds(), opts.StreamMaxLen).Int64()
+		o.token, fin.landedN, fin.skip, fin.head.Status, encodeHeader(fin.head.Header), fin.tail, fin.transcript,
+		flag(fin.store), opts.ResultTTL.Milliseconds(), opts.Linger.Milliseconds()).Int64()
 	return o.fenced("complete", v, err)
 }
 
-func (o *remoteOwnership) fail(ctx context.Context, n int, res Result, reason string) error {
+func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) error {
 	status := ""
 	if res.Head.Status != 0 {
 		status = strconv.Itoa(res.Head.Status)
 	}
 	v, err := failScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream},
-		o.token, n, status, encodeHeader(res.Head.Header), res.Body, reason, o.r.runningTTL(), o.r.g.opts.StreamMaxLen).Int64()
+		o.token, status, encodeHeader(res.Head.Header), res.Body, reason, o.r.runningTTL()).Int64()
 	return o.fenced("fail", v, err)
 }

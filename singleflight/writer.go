@@ -23,6 +23,8 @@ type Writer struct {
 	pending  []byte
 	all      [][]byte // everything written, for the stored transcript
 	n        int      // batches appended
+	inflight *batch   // a batch whose append failed: retried first
+	full     bool     // the stream is at its cap: the rest goes with the final write
 	err      error    // ErrLeaseLost once a write was fenced
 	closed   bool
 	wake     chan struct{}
@@ -70,15 +72,6 @@ func (w *Writer) Write(p []byte) (int, error) {
 		}
 	}
 	return len(p), nil
-}
-
-// takePending returns the bytes no batch has carried yet.
-func (w *Writer) takePending() []byte {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	p := w.pending
-	w.pending = nil
-	return p
 }
 
 // transcript is everything written plus the final body.
@@ -133,47 +126,84 @@ func (w *Writer) pendingLen() int {
 	return len(w.pending)
 }
 
-// flush appends the pending bytes as one batch; false when the Writer must stop.
+// batch is one append: its number, the head if it carries it, and its bytes. A batch whose
+// append failed is retried exactly as it was, before anything newer: an append that landed
+// but whose reply was lost is then recognised by its number, and no byte is skipped or sent
+// twice.
+type batch struct {
+	n    int
+	head *Head
+	data []byte
+}
+
+// flush appends the failed batch, if any, then the pending bytes as the next one; false
+// when the Writer must stop.
 func (w *Writer) flush() bool {
-	w.mu.Lock()
-	if w.err != nil {
+	for {
+		w.mu.Lock()
+		if w.err != nil || w.full {
+			w.mu.Unlock()
+			return false
+		}
+		b := w.inflight
+		if b == nil {
+			if len(w.pending) == 0 {
+				w.mu.Unlock()
+				return true
+			}
+			b = &batch{n: w.n + 1, data: w.pending}
+			if !w.headSent {
+				b.head = w.head
+			}
+			w.pending = nil
+			w.inflight = b
+		}
 		w.mu.Unlock()
-		return false
-	}
-	if len(w.pending) == 0 {
+
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), writeTimeout(w.g))
+		err := w.o.appendBatch(ctx, b.n, b.head, b.data)
+		cancel()
+
+		w.mu.Lock()
+		switch {
+		case err == nil:
+			w.n, w.inflight = b.n, nil
+			w.headSent = w.headSent || b.head != nil
+			w.mu.Unlock()
+			continue
+		case errors.Is(err, errStreamFull):
+			// Keep everything from here on for the final write.
+			w.full = true
+			w.pending = append(b.data, w.pending...)
+			w.inflight = nil
+			w.mu.Unlock()
+			return false
+		case errors.Is(err, ErrLeaseLost):
+			w.err = ErrLeaseLost
+			w.mu.Unlock()
+			w.g.observe(Event{Kind: EventFencedWrite, Key: w.f.key, Op: "append"})
+			w.cancel(ErrLeaseLost)
+			return false
+		}
 		w.mu.Unlock()
-		return true
+		return true // kept in inflight: the next flush retries it
 	}
-	data := w.pending
-	w.pending = nil
-	var head *Head
-	if !w.headSent {
-		head = w.head
-	}
-	n := w.n + 1
-	w.mu.Unlock()
+}
 
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), writeTimeout(w.g))
-	err := w.o.appendBatch(ctx, n, head, data)
-	cancel()
-
+// tail returns what followers have not been sent for sure, for the final write: the failed
+// batch (which may have landed after all), then the pending bytes. landedN is the failed
+// batch's number and skip its length: if the flight's batch count already reached landedN,
+// the first skip bytes are in the stream and are not sent again.
+func (w *Writer) tail() (data []byte, landedN, skip int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	switch {
-	case err == nil:
-		w.n, w.headSent = n, true
-		return true
-	case errors.Is(err, ErrLeaseLost):
-		w.err = ErrLeaseLost
-		w.g.observe(Event{Kind: EventFencedWrite, Key: w.f.key, Op: "append"})
-		w.cancel(ErrLeaseLost)
-		return false
-	default:
-		// Keep the bytes for the next batch: batch numbers make a retried append
-		// harmless, and followers detect a gap rather than read a hole.
-		w.pending = append(data, w.pending...)
-		return true
+	if w.inflight != nil {
+		data = append(data, w.inflight.data...)
+		landedN, skip = w.inflight.n, len(w.inflight.data)
 	}
+	data = append(data, w.pending...)
+	w.inflight, w.pending = nil, nil
+	return data, landedN, skip
 }
 
 // closeAndFlush ends the Writer; the flush loop sends what is pending and stops.

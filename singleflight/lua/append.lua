@@ -2,7 +2,8 @@
 -- KEYS[1] meta  KEYS[2] stream
 -- ARGV[1] token  ARGV[2] n (1, 2, ...)  ARGV[3] status ('' unless the head rides along)
 -- ARGV[4] header (JSON)  ARGV[5] data  ARGV[6] ttl_ms  ARGV[7] stream maxlen
--- returns 1 appended (or already appended: safe to run twice), 0 fenced
+-- returns 1 appended (or already appended: safe to run twice), 0 fenced, 2 the stream
+-- holds maxlen entries: the owner sends the rest with its final write
 local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'n')
 if m[1] ~= 'R' or m[2] ~= ARGV[1] then
   return 0
@@ -10,11 +11,14 @@ end
 if (tonumber(m[3]) or 0) >= tonumber(ARGV[2]) then
   return 1
 end
+if redis.call('XLEN', KEYS[2]) >= tonumber(ARGV[7]) then
+  return 2
+end
 if ARGV[3] ~= '' then
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', 't', 'chunk', 'tok', ARGV[1], 'n', ARGV[2],
+  redis.call('XADD', KEYS[2], '*', 't', 'chunk', 'tok', ARGV[1], 'n', ARGV[2],
     's', ARGV[3], 'h', ARGV[4], 'd', ARGV[5])
 else
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', 't', 'chunk', 'tok', ARGV[1], 'n', ARGV[2], 'd', ARGV[5])
+  redis.call('XADD', KEYS[2], '*', 't', 'chunk', 'tok', ARGV[1], 'n', ARGV[2], 'd', ARGV[5])
 end
 redis.call('HSET', KEYS[1], 'n', ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])

@@ -3,7 +3,6 @@
 -- ARGV[1] token (new, from INCR owner-seq + instance id)  ARGV[2] seen_token ('' = absent)
 -- ARGV[3] owner (instance id)  ARGV[4] lease_ms  ARGV[5] ttl_ms  ARGV[6] max_attempts
 -- ARGV[7] fresh ("1": a new caller, may restart the attempt count of a flight that gave up)
--- ARGV[8] stream maxlen
 -- returns {"owner", attempt, gen_id}
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt}
 --      or {"changed"}     the meta moved on since the claimer looked: look again
@@ -34,7 +33,9 @@ if m[1] == 'R' or m[1] == 'F' then
   end
 end
 
-local gen = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 't', 'gen', 'tok', ARGV[1], 'a', attempt)
+local gen = redis.call('XADD', KEYS[2], '*', 't', 'gen', 'tok', ARGV[1], 'a', attempt)
+-- Older generations are over: only the new one is kept (its readers start at gen).
+redis.call('XTRIM', KEYS[2], 'MINID', gen)
 redis.call('HSET', KEYS[1], 'state', 'R', 'token', ARGV[1], 'owner', ARGV[3],
   'lease_until', now + tonumber(ARGV[4]), 'attempt', attempt, 'created', now, 'gen', gen, 'n', 0)
 redis.call('PEXPIRE', KEYS[1], ARGV[5])

@@ -1,10 +1,14 @@
--- complete: end the flight with its response; store it when it may be cached.
+-- complete: end the flight with its answer; store it when it may be cached.
 -- KEYS[1] meta  KEYS[2] stream  KEYS[3] result
--- ARGV[1] token  ARGV[2] n  ARGV[3] status  ARGV[4] header (JSON)  ARGV[5] data (not yet streamed)
--- ARGV[6] transcript (the whole body)  ARGV[7] store ("1")  ARGV[8] result_ttl_ms
--- ARGV[9] linger_ms  ARGV[10] stream maxlen
+-- ARGV[1] token
+-- ARGV[2] landed_n  ARGV[3] skip: the first skip bytes of data are batch landed_n, whose
+--         append failed on the owner's side; if the flight's batch count shows it landed
+--         after all, they are not added again (0 0: no such batch)
+-- ARGV[4] status  ARGV[5] header (JSON)  ARGV[6] data (not yet streamed)
+-- ARGV[7] transcript (the whole body)  ARGV[8] store ("1")  ARGV[9] result_ttl_ms
+-- ARGV[10] linger_ms
 -- returns 1 completed (or already completed by me: safe to run twice), 0 fenced
-local m = redis.call('HMGET', KEYS[1], 'state', 'token')
+local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'n')
 if m[2] ~= ARGV[1] then
   return 0
 end
@@ -16,14 +20,19 @@ if m[1] ~= 'R' then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[10], '*', 't', 'done', 'tok', ARGV[1], 'n', ARGV[2],
-  's', ARGV[3], 'h', ARGV[4], 'd', ARGV[5])
-if ARGV[7] == '1' then
-  redis.call('DEL', KEYS[3])
-  redis.call('HSET', KEYS[3], 'status', ARGV[3], 'header', ARGV[4], 'body', ARGV[6], 'at', now, 'token', ARGV[1])
-  redis.call('PEXPIRE', KEYS[3], ARGV[8])
+local n = tonumber(m[3]) or 0
+local data = ARGV[6]
+if tonumber(ARGV[2]) > 0 and n >= tonumber(ARGV[2]) then
+  data = string.sub(data, tonumber(ARGV[3]) + 1)
 end
-redis.call('HSET', KEYS[1], 'state', 'D', 'lease_until', 0)
-redis.call('PEXPIRE', KEYS[1], ARGV[9])
-redis.call('PEXPIRE', KEYS[2], ARGV[9])
+redis.call('XADD', KEYS[2], '*', 't', 'done', 'tok', ARGV[1], 'n', n + 1,
+  's', ARGV[4], 'h', ARGV[5], 'd', data)
+if ARGV[8] == '1' then
+  redis.call('DEL', KEYS[3])
+  redis.call('HSET', KEYS[3], 'status', ARGV[4], 'header', ARGV[5], 'body', ARGV[7], 'at', now, 'token', ARGV[1])
+  redis.call('PEXPIRE', KEYS[3], ARGV[9])
+end
+redis.call('HSET', KEYS[1], 'state', 'D', 'lease_until', 0, 'n', n + 1)
+redis.call('PEXPIRE', KEYS[1], ARGV[10])
+redis.call('PEXPIRE', KEYS[2], ARGV[10])
 return 1

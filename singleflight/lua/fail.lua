@@ -1,9 +1,10 @@
 -- fail: end this attempt as FAILED so that a follower takes over at once.
 -- KEYS[1] meta  KEYS[2] stream
--- ARGV[1] token  ARGV[2] n  ARGV[3] status ('' if no response)  ARGV[4] header (JSON)
--- ARGV[5] body  ARGV[6] reason  ARGV[7] ttl_ms  ARGV[8] stream maxlen
+-- ARGV[1] token  ARGV[2] status ('' if no response)  ARGV[3] header (JSON)  ARGV[4] body
+-- ARGV[5] reason (error, timeout, shutdown)  ARGV[6] ttl_ms
+-- A release at shutdown is no fault of the request: it does not use up an attempt.
 -- returns 1 failed (or already failed by me: safe to run twice), 0 fenced
-local m = redis.call('HMGET', KEYS[1], 'state', 'token')
+local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'n', 'attempt')
 if m[2] ~= ARGV[1] then
   return 0
 end
@@ -13,9 +14,13 @@ end
 if m[1] ~= 'R' then
   return 0
 end
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 't', 'failed', 'tok', ARGV[1], 'n', ARGV[2],
-  's', ARGV[3], 'h', ARGV[4], 'd', ARGV[5], 'r', ARGV[6])
-redis.call('HSET', KEYS[1], 'state', 'F', 'lease_until', 0)
-redis.call('PEXPIRE', KEYS[1], ARGV[7])
-redis.call('PEXPIRE', KEYS[2], ARGV[7])
+local n = (tonumber(m[3]) or 0) + 1
+redis.call('XADD', KEYS[2], '*', 't', 'failed', 'tok', ARGV[1], 'n', n,
+  's', ARGV[2], 'h', ARGV[3], 'd', ARGV[4], 'r', ARGV[5])
+redis.call('HSET', KEYS[1], 'state', 'F', 'lease_until', 0, 'n', n)
+if ARGV[5] == 'shutdown' then
+  redis.call('HSET', KEYS[1], 'attempt', math.max((tonumber(m[4]) or 1) - 1, 0))
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+redis.call('PEXPIRE', KEYS[2], ARGV[6])
 return 1
