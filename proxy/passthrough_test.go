@@ -144,7 +144,9 @@ func TestPassthroughStreamsSSE(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", u+"/v1/chat/completions", strings.NewReader(`{"stream":true}`))
-	res, err := http.DefaultClient.Do(req)
+	client := &http.Client{Transport: &http.Transport{}} // no connection shared with other tests
+	defer client.CloseIdleConnections()
+	res, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
