@@ -172,6 +172,8 @@ func failure(status int, code, msg string) singleflight.Result {
 func transportFailure(ctx context.Context, err error) singleflight.Result {
 	cause := context.Cause(ctx)
 	switch {
+	case errors.Is(cause, singleflight.ErrShutdown):
+		return failure(http.StatusServiceUnavailable, "shutting_down", "the proxy is shutting down; retry")
 	case errors.Is(err, errIdle) || errors.Is(cause, errIdle):
 		return failure(http.StatusGatewayTimeout, "upstream_idle_timeout", "the upstream API stopped sending")
 	case errors.Is(cause, singleflight.ErrTimeout) || isTimeout(err):

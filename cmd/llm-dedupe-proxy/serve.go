@@ -78,6 +78,13 @@ func (a *app) serve(ctx context.Context, args []string) int {
 		logger.Error("shutdown", "err", serr)
 		code = 1
 	}
+	if serr != nil {
+		// Requests that waited on released flights are answering 503 now: give them a
+		// moment to be written before the connections close.
+		gctx, gcancel := context.WithTimeout(context.Background(), time.Second)
+		_ = srv.Shutdown(gctx)
+		gcancel()
+	}
 	_ = srv.Close()
 	logger.Info("stopped")
 	return code

@@ -122,6 +122,9 @@ func newRedis(c RedisConfig, blocking bool) redis.UniversalClient {
 		WriteTimeout: c.ReadTimeout,
 		PoolSize:     c.PoolSize,
 		MaxRetries:   2,
+		// One dial per attempt: go-redis's default (5 dials, 100 ms apart) made the first
+		// requests after Redis died wait over a second before the instance degraded.
+		DialerRetries: 1,
 	}
 	if c.TLS {
 		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
