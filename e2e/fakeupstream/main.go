@@ -1,6 +1,8 @@
 // Command fakeupstream serves the fake OpenAI API of package fakeupstream on a loopback
 // address, for the end-to-end suite and the benchmarks: numbered replies, delays, failures,
-// streams, and counters of calls and abandoned calls under /_fake/.
+// streams, and under /_fake/ its controls (behavior, release), its counters of calls and
+// abandoned calls (stats, and wait, which answers when they reach given values) and the
+// calls it received.
 package main
 
 import (

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,7 @@ type Upstream struct {
 	behavior Behavior
 	hold     chan struct{} // closed by Release
 	started  chan struct{} // closed and replaced when a call starts
+	changed  chan struct{} // closed and replaced when a counter moves
 	log      []Call
 }
 
@@ -38,15 +40,73 @@ type Behavior struct {
 
 // Call is one request the fake received.
 type Call struct {
-	N             int64
-	Path          string
-	Authorization string
-	Body          string
+	N             int64  `json:"n"`
+	Path          string `json:"path"`
+	Authorization string `json:"authorization"`
+	Body          string `json:"body"`
+}
+
+// Stats are the counters of an Upstream, as GET /_fake/stats and /_fake/wait answer them.
+type Stats struct {
+	Calls     int64 `json:"calls"`
+	Abandoned int64 `json:"abandoned"`
+	Completed int64 `json:"completed"`
 }
 
 // New returns an Upstream.
 func New() *Upstream {
-	return &Upstream{hold: make(chan struct{}), started: make(chan struct{})}
+	return &Upstream{hold: make(chan struct{}), started: make(chan struct{}), changed: make(chan struct{})}
+}
+
+// count adds one to c and wakes everyone waiting for a counter to move.
+func (u *Upstream) count(c *atomic.Int64) {
+	c.Add(1)
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.notifyLocked()
+}
+
+// notifyLocked wakes the waiters of Changed; u.mu must be held.
+func (u *Upstream) notifyLocked() {
+	if u.changed != nil {
+		close(u.changed)
+	}
+	u.changed = make(chan struct{})
+}
+
+// Changed returns a channel closed when a counter next moves.
+func (u *Upstream) Changed() <-chan struct{} {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.changed == nil {
+		u.changed = make(chan struct{})
+	}
+	return u.changed
+}
+
+// Stats returns the counters.
+func (u *Upstream) Stats() Stats {
+	return Stats{Calls: u.Calls(), Abandoned: u.Abandoned(), Completed: u.Completed()}
+}
+
+// Wait blocks until every counter is at least the one in want, or d has passed; it returns
+// the counters and whether they reached want. Tests in other processes use it through
+// GET /_fake/wait, so that they wait for an event instead of polling.
+func (u *Upstream) Wait(want Stats, d time.Duration) (Stats, bool) {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		ch := u.Changed() // before the check: a move after it closes ch
+		s := u.Stats()
+		if s.Calls >= want.Calls && s.Abandoned >= want.Abandoned && s.Completed >= want.Completed {
+			return s, true
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return u.Stats(), false
+		}
+	}
 }
 
 // Set replaces the behaviour and re-arms the hold.
@@ -112,6 +172,7 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.log = append(u.log, Call{N: n, Path: r.URL.Path, Authorization: r.Header.Get("Authorization"), Body: string(body)})
 	close(u.started)
 	u.started = make(chan struct{})
+	u.notifyLocked()
 	u.mu.Unlock()
 
 	var req struct {
@@ -139,7 +200,7 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if status != 0 {
 		if !wait(b.Delay) || (b.Hold && !waitHold(r, hold)) {
-			u.abandoned.Add(1)
+			u.count(&u.abandoned)
 			return
 		}
 		if status == http.StatusTooManyRequests && b.RetryAfter != "" {
@@ -148,7 +209,7 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
 		fmt.Fprintf(w, `{"error":{"message":"fake failure %d of call %d","type":"fake_error","code":"fake_%d"}}`, status, n, status)
-		u.completed.Add(1)
+		u.count(&u.completed)
 		return
 	}
 	if req.Stream {
@@ -156,12 +217,12 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !wait(b.Delay) || (b.Hold && !waitHold(r, hold)) {
-		u.abandoned.Add(1)
+		u.count(&u.abandoned)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	io.WriteString(w, unary(r.URL.Path, n, req.Model))
-	u.completed.Add(1)
+	io.WriteString(w, Unary(r.URL.Path, n, req.Model))
+	u.count(&u.completed)
 }
 
 func waitHold(r *http.Request, hold chan struct{}) bool {
@@ -173,8 +234,9 @@ func waitHold(r *http.Request, hold chan struct{}) bool {
 	}
 }
 
-// unary is the numbered answer of call n in the shape of the route's API.
-func unary(path string, n int64, model string) string {
+// Unary is the exact body of the numbered answer of call n in the shape of the route's API,
+// so tests can compare bytes.
+func Unary(path string, n int64, model string) string {
 	switch {
 	case strings.HasSuffix(path, "/embeddings"):
 		return fmt.Sprintf(`{"object":"list","data":[{"object":"embedding","index":0,"embedding":[%d,0.5,-0.25]}],"model":%q,"usage":{"prompt_tokens":5,"total_tokens":5}}`, n, model)
@@ -199,19 +261,19 @@ func (u *Upstream) stream(w http.ResponseWriter, r *http.Request, n int64, model
 	}
 	for _, ev := range StreamEvents(r.URL.Path, n, model, chunks, usage) {
 		if ev.Last && b.Hold && !waitHold(r, hold) {
-			u.abandoned.Add(1)
+			u.count(&u.abandoned)
 			return
 		}
 		if !wait(b.Delay) {
-			u.abandoned.Add(1)
+			u.count(&u.abandoned)
 			return
 		}
 		if _, err := io.WriteString(w, ev.Text); err != nil || rc.Flush() != nil {
-			u.abandoned.Add(1)
+			u.count(&u.abandoned)
 			return
 		}
 	}
-	u.completed.Add(1)
+	u.count(&u.completed)
 }
 
 // Event is one SSE event of a stream.
@@ -251,9 +313,44 @@ func Transcript(path string, n int64, model string, chunks int, usage bool) stri
 }
 
 // control is the HTTP API for tests in other processes: POST /_fake/behavior (a Behavior
-// as JSON, delay in nanoseconds), POST /_fake/release, GET /_fake/stats.
+// as JSON, delay in nanoseconds), POST /_fake/release, GET /_fake/stats, GET /_fake/calls
+// (the Log as JSON), and GET /_fake/wait?calls=N&abandoned=N&completed=N&timeout=5s, which
+// answers the stats once every counter given has reached its value (200), or when the
+// timeout (default 10s) has passed (408).
 func (u *Upstream) control(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
+	case "/_fake/calls":
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(u.Log())
+		return
+	case "/_fake/wait":
+		var want Stats
+		q := r.URL.Query()
+		for name, p := range map[string]*int64{"calls": &want.Calls, "abandoned": &want.Abandoned, "completed": &want.Completed} {
+			if v := q.Get(name); v != "" {
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					http.Error(w, name+": "+err.Error(), http.StatusBadRequest)
+					return
+				}
+				*p = n
+			}
+		}
+		d := 10 * time.Second
+		if v := q.Get("timeout"); v != "" {
+			var err error
+			if d, err = time.ParseDuration(v); err != nil {
+				http.Error(w, "timeout: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+		}
+		s, ok := u.Wait(want, d)
+		w.Header().Set("Content-Type", "application/json")
+		if !ok {
+			w.WriteHeader(http.StatusRequestTimeout)
+		}
+		json.NewEncoder(w).Encode(s)
+		return
 	case "/_fake/behavior":
 		var b Behavior
 		if err := json.NewDecoder(r.Body).Decode(&b); err != nil {
@@ -265,7 +362,7 @@ func (u *Upstream) control(w http.ResponseWriter, r *http.Request) {
 		u.Release()
 	case "/_fake/stats":
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(map[string]int64{"calls": u.Calls(), "abandoned": u.Abandoned(), "completed": u.Completed()})
+		json.NewEncoder(w).Encode(u.Stats())
 		return
 	default:
 		http.NotFound(w, r)

@@ -1,0 +1,234 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/fakeupstream"
+)
+
+// load sends requests from workers spread over the instances until stopped (or a bound is
+// reached), and keeps every answer.
+type load struct {
+	mu      sync.Mutex
+	answers []answer
+	changed chan struct{} // closed and replaced on every answer
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// startLoad runs workers that each send round after round of the same requests: workers
+// with the same round number at the same time share a flight, across instances.
+func startLoad(ins []*instance, workers, maxRounds int, model string) *load {
+	l := &load{changed: make(chan struct{}), stop: make(chan struct{})}
+	for w := range workers {
+		in := ins[w%len(ins)]
+		l.wg.Go(func() {
+			for r := range maxRounds {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				a := post(in.URL, chatPath, chatBody(model, fmt.Sprintf("round %d", r)), apiKeyA)
+				l.mu.Lock()
+				l.answers = append(l.answers, a)
+				close(l.changed)
+				l.changed = make(chan struct{})
+				l.mu.Unlock()
+			}
+		})
+	}
+	return l
+}
+
+// waitAnswers waits until n more answers than after have arrived; it returns their count.
+func (l *load) waitAnswers(t testing.TB, after, n int) int {
+	t.Helper()
+	timer := time.NewTimer(20 * time.Second)
+	defer timer.Stop()
+	for {
+		l.mu.Lock()
+		got, ch := len(l.answers), l.changed
+		l.mu.Unlock()
+		if got >= after+n {
+			return got
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			t.Fatalf("load: %d answers in 20s; want %d", got-after, n)
+		}
+	}
+}
+
+func (l *load) finish() []answer {
+	close(l.stop)
+	l.wg.Wait()
+	return l.answers
+}
+
+// TestRedisStoppedMidRun: Redis dies while requests flow and comes back later. No client
+// request fails: the instances fall back to local-only dedupe (degraded in /readyz), and
+// return to distributed dedupe by themselves when Redis answers again.
+func TestRedisStoppedMidRun(t *testing.T) {
+	c := startCluster(t, clusterOpts{env: map[string]string{"LLM_DEDUPE_FLIGHT_RESULT_TTL": "0s"}}) // dedupe only: every round is a flight
+	c.fake.set(fakeupstream.Behavior{Delay: 30 * time.Millisecond})
+	model := "e2e-redis-down"
+	l := startLoad(c.ins, 9, 300, model)
+	n := l.waitAnswers(t, 0, 30)
+
+	c.redis.Stop()
+	down := time.Now()
+	for _, in := range c.ins {
+		in.waitDegraded(true, 10*time.Second)
+	}
+	n = l.waitAnswers(t, n, 30) // served while Redis is down
+	c.redis.Restart()
+	up := time.Now()
+	for _, in := range c.ins {
+		in.waitDegraded(false, 10*time.Second)
+	}
+	recovered := time.Since(up)
+	l.waitAnswers(t, n, 30)
+	as := l.finish()
+	slowest := time.Duration(0)
+	for i, a := range as {
+		wantChat(t, fmt.Sprintf("request %d", i), a, model, 0)
+		slowest = max(slowest, a.took)
+	}
+	t.Logf("REDIS outage=%dms recovered_after_restart=%dms requests=%d slowest=%dms", ms(up.Sub(down)), ms(recovered), len(as), ms(slowest))
+	// A dead Redis is noticed fast, not by requests waiting on it (the server refuses
+	// connections at once): none waits more than half a second, a tenth of which is the
+	// upstream's own time.
+	if slowest > 500*time.Millisecond {
+		t.Errorf("the slowest request took %v while Redis was down; want at most 500ms", slowest.Round(time.Millisecond))
+	}
+	for _, in := range c.ins {
+		if got := in.metric("llm_dedupe_redis_errors_total", nil); got < 1 {
+			t.Errorf("%s: redis_errors_total %v; want the outage counted", in.name, got)
+		}
+		if got := in.metric("llm_dedupe_backend_degraded", nil); got != 0 {
+			t.Errorf("%s: backend_degraded %v after recovery; want 0", in.name, got)
+		}
+	}
+
+	// Distributed dedupe is back: a burst over the three instances costs one call.
+	before := c.fake.stats().Calls
+	c.fake.set(fakeupstream.Behavior{Hold: true})
+	body := chatBody(model, "after the outage")
+	chs := spread(c.ins, 30, chatPath, body, apiKeyA)
+	waitWaiting(t, c.ins, 30)
+	c.fake.release()
+	first := int64(0)
+	for i, a := range collect(chs) {
+		got := wantChat(t, fmt.Sprintf("burst %d", i), a, model, first)
+		if first == 0 {
+			first = got
+		}
+	}
+	if calls := c.fake.stats().Calls - before; calls != 1 {
+		t.Errorf("burst after recovery: %d upstream calls; want 1", calls)
+	}
+}
+
+// TestRedisRestartMidFlight: Redis is restarted (SIGKILL, then started on the same port)
+// while a unary and a streamed flight wait for the upstream, with and without persistence.
+// No client gets a wrong or mixed answer or hangs; without persistence the lost flight
+// state is recovered by a new flight (the old owner's call is cancelled when its renewal
+// finds the flight gone).
+func TestRedisRestartMidFlight(t *testing.T) {
+	for _, persist := range []bool{false, true} {
+		t.Run(fmt.Sprintf("persist=%v", persist), func(t *testing.T) {
+			testRedisRestartMidFlight(t, persist)
+		})
+	}
+}
+
+func testRedisRestartMidFlight(t *testing.T, persist bool) {
+	c := startCluster(t, clusterOpts{persist: persist})
+	const chunks = 5
+	c.fake.set(fakeupstream.Behavior{Hold: true, Chunks: chunks})
+	model := fmt.Sprintf("e2e-redis-restart-%v", persist)
+	unary, stream := chatBody(model, "unary through a restart"), streamBody(model, "stream through a restart")
+
+	// Both flights are owned by the first instance, followed by the others.
+	owner := []<-chan answer{postAsync(c.ins[0].URL, chatPath, unary, apiKeyA)}
+	streams := []*streamClient{openStream(c.ins[0].URL, stream, apiKeyA)}
+	c.fake.waitFor(fakeupstream.Stats{Calls: 2}, 10*time.Second)
+	streams[0].waitFirst(t, "stream owner")
+	chs := append(owner, spread(c.ins, 11, chatPath, unary, apiKeyA)...)
+	for i := range 8 {
+		streams = append(streams, openStream(c.ins[i%3].URL, stream, apiKeyA))
+	}
+	for i, s := range streams {
+		s.waitFirst(t, fmt.Sprintf("stream %d", i))
+	}
+	waitWaiting(t, c.ins, len(chs)) // streams that have their first chunk no longer wait
+
+	rdb := c.redis.Client()
+	metas := func() int {
+		keys, _ := rdb.Keys(context.Background(), "ai:flight:meta:*").Result()
+		return len(keys)
+	}
+	if n := metas(); n != 2 {
+		t.Fatalf("%d flights in Redis before the restart; want 2", n)
+	}
+	c.redis.Stop()
+	c.redis.Restart()
+	restarted := time.Now()
+	kept := metas()
+	if want := map[bool]int{true: 2, false: 0}[persist]; kept != want {
+		t.Errorf("%d flights in Redis after the restart; want %d", kept, want)
+	}
+	if !persist {
+		// The owner's next renewal finds its flights gone: it cancels both calls, and
+		// new flights make new calls.
+		c.fake.waitFor(fakeupstream.Stats{Calls: 4, Abandoned: 2}, 10*time.Second)
+	}
+	for _, in := range c.ins {
+		in.waitDegraded(false, 10*time.Second)
+	}
+	c.fake.release()
+
+	calls := map[int64]bool{}
+	for i, a := range collect(chs) {
+		calls[wantChat(t, fmt.Sprintf("unary client %d", i), a, model, 0)] = true
+	}
+	interrupted := 0
+	for i, s := range streams {
+		n, broken := checkStream(t, fmt.Sprintf("stream client %d", i), <-s.done, model, chunks)
+		calls[n] = true
+		if broken {
+			interrupted++
+		}
+	}
+	s := c.fake.stats()
+	t.Logf("REDIS restart persist=%v: flights kept %d; answered %v after the restart; upstream %+v; answers from calls %v; streams interrupted %d of %d",
+		persist, kept, time.Since(restarted).Round(time.Millisecond), s, keys(calls), interrupted, len(streams))
+	// At most: the two original calls, then one per instance and flight.
+	if s.Calls > 2+2*int64(len(c.ins)) {
+		t.Errorf("%d upstream calls; want at most %d", s.Calls, 2+2*len(c.ins))
+	}
+
+	// Dedupe works on the restarted Redis: a burst costs one call.
+	before := s.Calls
+	c.fake.set(fakeupstream.Behavior{Hold: true})
+	burst := spread(c.ins, 30, chatPath, chatBody(model, "after the restart"), apiKeyA)
+	waitWaiting(t, c.ins, 30)
+	c.fake.release()
+	for i, a := range collect(burst) {
+		wantChat(t, fmt.Sprintf("burst %d", i), a, model, before+1)
+	}
+}
+
+func keys(m map[int64]bool) []int64 {
+	var out []int64
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}

@@ -1,0 +1,260 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/fakeupstream"
+)
+
+// streamBody is a streaming chat request that asks for usage in the stream.
+func streamBody(model, prompt string) string {
+	return fmt.Sprintf(`{"model":%q,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":%q}]}`, model, prompt)
+}
+
+// streamResult is what a streaming client received.
+type streamResult struct {
+	status     int
+	header     http.Header
+	transcript string
+	err        error
+}
+
+func (r streamResult) role() string {
+	if r.header == nil {
+		return ""
+	}
+	return r.header.Get("X-Dedupe-Role")
+}
+
+// streamClient reads a streamed answer as it arrives.
+type streamClient struct {
+	first chan struct{}     // closed when the first whole event has arrived
+	done  chan streamResult // the whole answer, at its end
+}
+
+// openStream sends a streaming request in the background.
+func openStream(base, body, apiKey string) *streamClient {
+	s := &streamClient{first: make(chan struct{}), done: make(chan streamResult, 1)}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), clientTimeout)
+		defer cancel()
+		var r streamResult
+		defer func() { s.done <- r }()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+chatPath, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+		resp, err := client.Do(req)
+		if err != nil {
+			r.err = err
+			return
+		}
+		defer resp.Body.Close()
+		r.status, r.header = resp.StatusCode, resp.Header
+		br := bufio.NewReader(resp.Body)
+		var got strings.Builder
+		firstSeen := false
+		for {
+			line, err := br.ReadString('\n')
+			got.WriteString(line)
+			if line == "\n" && !firstSeen {
+				firstSeen = true
+				close(s.first)
+			}
+			if err != nil {
+				if err != io.EOF {
+					r.err = err
+				}
+				break
+			}
+		}
+		r.transcript = got.String()
+	}()
+	return s
+}
+
+// waitFirst waits until the client has its first event.
+func (s *streamClient) waitFirst(t testing.TB, who string) {
+	t.Helper()
+	select {
+	case <-s.first:
+	case r := <-s.done:
+		s.done <- r
+		t.Fatalf("%s: stream ended before its first event: %d %v %q", who, r.status, r.err, r.transcript)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: no first event within 10s", who)
+	}
+}
+
+// streamCall is the number of the upstream call whose chunks a transcript carries.
+func streamCall(transcript string) int64 {
+	var n int64
+	if i := strings.Index(transcript, `"id":"chatcmpl-`); i >= 0 {
+		fmt.Sscanf(transcript[i+len(`"id":"chatcmpl-`):], "%d", &n)
+	}
+	return n
+}
+
+// sseInterrupted is how the proxy ends a stream whose owner changed after bytes were sent.
+const sseInterrupted = "event: error\ndata: "
+
+// checkStream checks a streamed answer: 200, text/event-stream, and either exactly the
+// transcript of one upstream call (its number is returned) or a prefix of it ended by the
+// proxy's stream_interrupted error event (interrupted). Anything else — bytes of two calls,
+// a hole, another request's answer — fails the test.
+func checkStream(t testing.TB, who string, r streamResult, model string, chunks int) (n int64, interrupted bool) {
+	t.Helper()
+	if r.err != nil || r.status != 200 {
+		t.Errorf("%s: status %d, error %v, %q; want 200", who, r.status, r.err, r.transcript)
+		return 0, false
+	}
+	if ct := r.header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
+		t.Errorf("%s: Content-Type %q; want text/event-stream", who, ct)
+	}
+	n = streamCall(r.transcript)
+	want := fakeupstream.Transcript(chatPath, n, model, chunks, true)
+	if r.transcript == want {
+		if id := r.header.Get("X-Request-Id"); id != fmt.Sprintf("req_%d", n) {
+			t.Errorf("%s: X-Request-Id %q with the stream of call %d: a mixed answer", who, id, n)
+		}
+		return n, false
+	}
+	if i := strings.LastIndex(r.transcript, sseInterrupted); i >= 0 && strings.HasPrefix(want, r.transcript[:i]) &&
+		strings.Contains(r.transcript[i:], `"code":"stream_interrupted"`) && strings.HasSuffix(r.transcript, "\n\n") {
+		return n, true
+	}
+	t.Errorf("%s: transcript\n%q\nis neither call %d's whole stream nor a prefix of it ended by a stream_interrupted event;\nwant %q", who, r.transcript, n, want)
+	return n, false
+}
+
+// TestStreamingAcrossInstances: streaming clients on three instances share one upstream
+// stream; followers everywhere receive the first chunk while the upstream still holds the
+// last, every transcript is byte-identical to the upstream's, and a later request replays it.
+func TestStreamingAcrossInstances(t *testing.T) {
+	c := startCluster(t, clusterOpts{})
+	const chunks = 5
+	c.fake.set(fakeupstream.Behavior{Hold: true, Chunks: chunks})
+	model := "e2e-stream"
+	body := streamBody(model, "stream across instances")
+
+	owner := openStream(c.ins[0].URL, body, apiKeyA)
+	c.fake.waitFor(fakeupstream.Stats{Calls: 1}, 10*time.Second)
+	owner.waitFirst(t, "owner")
+	clients := []*streamClient{owner}
+	for i := range 14 { // joining mid-stream: 4 more on the owner's instance, 5 on each other
+		clients = append(clients, openStream(c.ins[(i+1)%3].URL, body, apiKeyA))
+	}
+	for i, s := range clients {
+		s.waitFirst(t, fmt.Sprintf("client %d", i))
+	}
+	if s := c.fake.stats(); s.Completed != 0 || s.Calls != 1 {
+		t.Fatalf("upstream %+v when every client had its first chunk; want 1 call, still holding its last chunk", s)
+	}
+	c.fake.release()
+
+	rs := make([]streamResult, len(clients))
+	roleCount := map[string]int{}
+	for i, s := range clients {
+		rs[i] = <-s.done
+		roleCount[rs[i].role()]++
+		if n, broken := checkStream(t, fmt.Sprintf("client %d", i), rs[i], model, chunks); n != 1 || broken {
+			t.Errorf("client %d: call %d, interrupted %v; want the whole stream of call 1", i, n, broken)
+		}
+	}
+	if roleCount["owner"] != 1 || roleCount["follower"] != len(clients)-1 {
+		t.Errorf("roles %v; want 1 owner, %d followers", roleCount, len(clients)-1)
+	}
+
+	// The whole transcript was stored: a later request on another instance replays it.
+	hit := <-openStream(c.ins[2].URL, body, apiKeyA).done
+	if n, broken := checkStream(t, "hit", hit, model, chunks); n != 1 || broken || hit.role() != "hit" {
+		t.Errorf("repeat: role %q, call %d, interrupted %v; want a hit replaying call 1", hit.role(), n, broken)
+	}
+	if s := c.fake.stats(); s != (fakeupstream.Stats{Calls: 1, Completed: 1}) {
+		t.Errorf("upstream %+v; want 1 call", s)
+	}
+	// Streamed usage (11 prompt, 5 completion tokens) counts as saved for 14 followers and the hit.
+	saved := len(clients)
+	for kind, per := range map[string]int{"prompt": 11, "completion": chunks} {
+		if got := sum(c.ins, "llm_dedupe_saved_tokens_total", map[string]string{"model": model, "kind": kind}); got != float64(saved*per) {
+			t.Errorf("saved %s tokens %v; want %d", kind, got, saved*per)
+		}
+	}
+}
+
+// TestStreamOwnerKilled: the owner of a streamed flight is killed (kill -9). Followers on
+// the other instances that have received nothing yet follow the new owner's stream
+// seamlessly; followers that already have chunks get a stream_interrupted error event and a
+// clean end, never chunks of two calls.
+func TestStreamOwnerKilled(t *testing.T) {
+	const chunks = 5
+	t.Run("before the first chunk", func(t *testing.T) {
+		c := startCluster(t, clusterOpts{})
+		model := "e2e-stream-kill-early"
+		body := streamBody(model, "killed before a byte")
+		c.fake.set(fakeupstream.Behavior{Delay: time.Minute, Chunks: chunks}) // the first event never comes
+		owner := openStream(c.ins[0].URL, body, apiKeyA)
+		c.fake.waitFor(fakeupstream.Stats{Calls: 1}, 10*time.Second)
+		var followers []*streamClient
+		for i := range 6 {
+			followers = append(followers, openStream(c.ins[1+i%2].URL, body, apiKeyA))
+		}
+		waitWaiting(t, c.ins, 7)
+		c.fake.set(fakeupstream.Behavior{Chunks: chunks}) // the next call streams at once
+		c.ins[0].killHard()
+		if r := <-owner.done; r.err == nil && r.status != 0 {
+			t.Errorf("owner's client: %d %q; want a broken connection", r.status, r.transcript)
+		}
+		for i, s := range followers {
+			if n, broken := checkStream(t, fmt.Sprintf("follower %d", i), <-s.done, model, chunks); n != 2 || broken {
+				t.Errorf("follower %d: call %d, interrupted %v; want the whole stream of call 2", i, n, broken)
+			}
+		}
+		if s := c.fake.stats(); s != (fakeupstream.Stats{Calls: 2, Abandoned: 1, Completed: 1}) {
+			t.Errorf("upstream %+v; want 2 calls, the first abandoned", s)
+		}
+	})
+	t.Run("after chunks were delivered", func(t *testing.T) {
+		c := startCluster(t, clusterOpts{})
+		model := "e2e-stream-kill-late"
+		body := streamBody(model, "killed mid-stream")
+		c.fake.set(fakeupstream.Behavior{Hold: true, Chunks: chunks})
+		owner := openStream(c.ins[0].URL, body, apiKeyA)
+		c.fake.waitFor(fakeupstream.Stats{Calls: 1}, 10*time.Second)
+		owner.waitFirst(t, "owner")
+		var followers []*streamClient
+		for i := range 6 {
+			followers = append(followers, openStream(c.ins[1+i%2].URL, body, apiKeyA))
+		}
+		for i, s := range followers {
+			s.waitFirst(t, fmt.Sprintf("follower %d", i))
+		}
+		takeover := c.fake.timeTo(fakeupstream.Stats{Calls: 2}, 10*time.Second)
+		left := leaseLeft(t, c)
+		c.ins[0].killHard()
+		took := takeover()
+		c.fake.release()
+		t.Logf("TAKEOVER stream-kill=%dms lease=%dms lease_left_at_kill=%dms", ms(took), ms(leaseTTL), ms(left))
+		lo, hi := takeoverBounds(left)
+		within(t, "takeover of a stream after kill -9", took, lo, hi)
+		for i, s := range followers {
+			if n, broken := checkStream(t, fmt.Sprintf("follower %d", i), <-s.done, model, chunks); n != 1 || !broken {
+				t.Errorf("follower %d: call %d, interrupted %v; want call 1's chunks ended by a stream_interrupted event", i, n, broken)
+			}
+		}
+		// The new owner's stream is whole and stored: a new request replays it.
+		hit := <-openStream(c.ins[1].URL, body, apiKeyA).done
+		if n, broken := checkStream(t, "request after the takeover", hit, model, chunks); n != 2 || broken {
+			t.Errorf("request after the takeover: call %d, interrupted %v; want call 2's whole stream", n, broken)
+		}
+		if s := c.fake.stats(); s != (fakeupstream.Stats{Calls: 2, Abandoned: 1, Completed: 1}) {
+			t.Errorf("upstream %+v; want 2 calls, the first abandoned", s)
+		}
+	})
+}
