@@ -120,7 +120,8 @@ type Options struct {
 	BatchBytes int
 	// StreamMaxLen caps the entries of one flight's stream. If zero, 10000 is used.
 	StreamMaxLen int
-	// MemoryMaxEntries bounds the in-memory result cache. If zero, 10000 is used.
+	// MemoryMaxEntries bounds the results kept in this process: the result store without
+	// Redis, a first level in front of it with Redis. If zero, 10000 is used.
 	MemoryMaxEntries int
 	// Observer receives the package's events. If nil, they are dropped.
 	Observer Observer
@@ -177,7 +178,7 @@ type Group struct {
 	ctx    context.Context // ends when the Group is closed
 	stop   context.CancelCauseFunc
 	wg     sync.WaitGroup
-	cache  *lru.Cache[string, storedResult] // memory mode only; see memCache
+	cache  *lru.Cache[string, storedResult] // stored results in this process; see cached
 	remote *remote                          // Redis mode only
 
 	mu        sync.Mutex
@@ -208,11 +209,18 @@ func (g *Group) cached(key string) (storedResult, bool) {
 	if !ok {
 		return sr, false
 	}
-	if time.Since(sr.at) >= g.opts.ResultTTL {
+	if g.opts.ResultTTL <= 0 || time.Since(sr.at) >= g.opts.ResultTTL {
 		g.cache.Remove(key)
 		return sr, false
 	}
 	return sr, true
+}
+
+// keep stores a result in this process, made age ago.
+func (g *Group) keep(key string, head Head, body []byte, age time.Duration) {
+	if g.opts.ResultTTL > age {
+		g.cache.Add(key, storedResult{head: head, body: body, at: time.Now().Add(-age)})
+	}
 }
 
 // New returns a Group. Close it to stop its goroutines.
@@ -220,11 +228,12 @@ func New(opts Options) *Group {
 	opts.setDefaults()
 	ctx, stop := context.WithCancelCause(context.Background())
 	g := &Group{opts: opts, ctx: ctx, stop: stop, flights: map[string]*flight{}, owned: map[*flight]bool{}, ownedIdle: make(chan struct{})}
-	if opts.Redis == nil {
-		// A size-bounded LRU whose entries expire when read (see cached): the expirable
-		// variant of the same library runs a cleanup goroutine that can never be stopped.
-		g.cache, _ = lru.New[string, storedResult](opts.MemoryMaxEntries)
-	} else {
+	// A size-bounded LRU whose entries expire when read (see cached): the expirable variant
+	// of the same library runs a cleanup goroutine that can never be stopped. Without Redis
+	// it is the result store; with Redis a first level in front of it, so that a hit costs
+	// no round trip, and hits go on while Redis is down.
+	g.cache, _ = lru.New[string, storedResult](opts.MemoryMaxEntries)
+	if opts.Redis != nil {
 		g.remote = newRemote(g)
 	}
 	return g

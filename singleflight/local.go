@@ -7,25 +7,15 @@ import (
 	"time"
 )
 
-// localOwnership is ownership inside one process: nothing to renew or fence; a completed
-// Store outcome goes to the memory cache when the Group is in-memory.
-type localOwnership struct {
-	g     *Group
-	key   string
-	cache bool
-}
+// localOwnership is ownership inside one process: nothing to renew, fence or write.
+type localOwnership struct{}
 
 func (localOwnership) renew(context.Context) error                           { return nil }
 func (localOwnership) appendBatch(context.Context, int, *Head, []byte) error { return nil }
 func (localOwnership) fail(context.Context, Result, string) error            { return nil }
 func (localOwnership) remote() bool                                          { return false }
 
-func (l localOwnership) complete(_ context.Context, fin final) error {
-	if l.cache && fin.store {
-		l.g.cache.Add(l.key, storedResult{head: fin.head, body: fin.transcript, at: time.Now()})
-	}
-	return nil
-}
+func (localOwnership) complete(context.Context, final) error { return nil }
 
 // lead runs the flight f until it has an outcome for its readers.
 func (g *Group) lead(ctx context.Context, lkey string, f *flight) {
@@ -44,10 +34,6 @@ func (g *Group) lead(ctx context.Context, lkey string, f *flight) {
 		}
 		g.observe(Event{Kind: EventFlightEnd, Key: f.key})
 	}()
-	if g.remote != nil {
-		g.remote.lead(ctx, f)
-		return
-	}
 	if !f.noCache {
 		if sr, ok := g.cached(f.key); ok {
 			g.observe(Event{Kind: EventRole, Key: f.key, Role: RoleHit})
@@ -55,15 +41,19 @@ func (g *Group) lead(ctx context.Context, lkey string, f *flight) {
 			return
 		}
 	}
+	if g.remote != nil {
+		g.remote.lead(ctx, f)
+		return
+	}
 	g.observe(Event{Kind: EventRole, Key: f.key, Role: RoleOwner})
-	g.leadLocal(ctx, f, 1, true)
+	g.leadLocal(ctx, f, 1)
 }
 
 // leadLocal owns f in this process alone, attempt after attempt: the in-memory mode, and
 // the fail-open mode of a Redis Group whose Redis does not answer.
-func (g *Group) leadLocal(ctx context.Context, f *flight, attempt int, cache bool) {
+func (g *Group) leadLocal(ctx context.Context, f *flight, attempt int) {
 	for ; ; attempt++ {
-		end, res, _ := g.own(ctx, f, localOwnership{g: g, key: f.key, cache: cache})
+		end, res, _ := g.own(ctx, f, localOwnership{})
 		if end == attemptDone || ctx.Err() != nil {
 			return
 		}

@@ -95,6 +95,9 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 		fin.tail = append(fin.tail, res.Body...)
 		cerr := o.complete(wctx, fin)
 		stopHeartbeat()
+		if fin.store && !errors.Is(cerr, ErrLeaseLost) {
+			g.keep(f.key, fin.head, fin.transcript, 0) // kept here even if Redis is down
+		}
 		if errors.Is(cerr, ErrLeaseLost) {
 			// Another owner took over; its result is the stored one. Our local readers
 			// already hold a whole response, so they get it rather than a second call.

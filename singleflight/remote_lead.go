@@ -48,7 +48,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 		if local || g.degraded.Load() {
 			g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "degraded"})
 			role(RoleOwner)
-			g.leadLocal(ctx, f, failures+1, false)
+			g.leadLocal(ctx, f, failures+1)
 			return
 		}
 		d, err := r.lookup(ctx, f.key, f.noCache)
@@ -60,6 +60,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 		switch d.kind {
 		case "hit":
 			role(RoleHit)
+			g.keep(f.key, d.head, d.body, d.age)
 			if pos.token == "" {
 				f.finishHit(d.head, d.body, d.age)
 			} else { // our generation ended without its done entry reaching us
