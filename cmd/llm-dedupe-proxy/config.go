@@ -56,7 +56,7 @@ type FlightConfig struct {
 	StreamBatchDelay  time.Duration `mapstructure:"stream_batch_delay"`
 	StreamBatchBytes  int           `mapstructure:"stream_batch_bytes"`
 	StreamMaxLen      int64         `mapstructure:"stream_maxlen"`
-	MemoryMaxEntries  int           `mapstructure:"memory_max_entries"` // bound of the in-memory result cache
+	MemoryMaxEntries  int           `mapstructure:"memory_max_entries"` // answers kept in this process
 }
 
 // LimitsConfig bounds what a client may send.
