@@ -24,5 +24,8 @@ build:
 run:
 	go run -ldflags "$(LDFLAGS)" ./cmd/llm-dedupe-proxy serve
 
+# make bench: the benchmark harness (bench/, about 7 minutes; not part of make test). It
+# writes BENCHMARKS.md and the raw numbers in bench/results/. BENCHFLAGS=-quick: a smoke run.
 bench:
-	go test -run='^$$' -bench=. ./...
+	bash bench/ensure-deps.sh
+	go run ./bench $(BENCHFLAGS)

@@ -1,0 +1,380 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
+)
+
+// rssRow is the memory one instance holds per waiting request.
+type rssRow struct {
+	Case          string         `json:"case"`
+	N             int            `json:"waiting"`
+	BaseRSS       int64          `json:"base_rss_bytes"`
+	RSS           int64          `json:"rss_bytes"`
+	PerRequest    float64        `json:"rss_bytes_per_waiting_request"`
+	Goroutines    float64        `json:"goroutines"`
+	FDs           int            `json:"open_fds"`
+	RedisClients  int            `json:"redis_connected_clients"`
+	RedisBlocked  int            `json:"redis_blocked_clients"`
+	SettleSeconds float64        `json:"seconds_until_all_waiting"`
+	OK            int            `json:"answered_200"`
+	Errors        int            `json:"errors"`
+	Roles         map[string]int `json:"roles"`
+	// Redis commands per second while the requests wait (every client of the server:
+	// the measured instance, and for remote calls the harness's owners renewing leases).
+	WaitCmds map[string]float64 `json:"redis_commands_per_second_while_waiting"`
+	// ReleaseSeconds is from the release of the held calls to the last answer.
+	ReleaseSeconds float64 `json:"seconds_from_release_to_last_answer"`
+	Note           string  `json:"note,omitempty"`
+}
+
+const (
+	rssOneKey     = "one prompt, its call running on this instance"
+	rssRemoteKeys = "distinct prompts, each call running on another instance"
+	rssOwnedKeys  = "distinct prompts, each call running on this instance"
+	rssDirect     = "baseline: the fake upstream (a plain Go net/http server) holding the requests itself"
+)
+
+// rss measures, for each case and size, a fresh proxy instance: RSS when idle (after a
+// warm-up) and when n client requests are waiting for held upstream calls.
+func (e *env) rss(ctx context.Context, c cfg, fdLimit uint64) ([]rssRow, error) {
+	var rows []rssRow
+	for _, n := range c.rssSizes {
+		for _, kind := range []string{rssDirect, rssOneKey, rssRemoteKeys, rssOwnedKeys} {
+			row, err := e.rssCase(ctx, kind, n, fdLimit)
+			if err != nil {
+				return rows, fmt.Errorf("%s, %d: %w", kind, n, err)
+			}
+			logf("  %-58s n=%-5d %6.1f KiB/request (RSS %d → %d MiB; %d goroutines, %d fds; %d ok, %d errors) %s",
+				kind, row.N, row.PerRequest/1024, row.BaseRSS>>20, row.RSS>>20, int(row.Goroutines), row.FDs, row.OK, row.Errors, row.Note)
+			rows = append(rows, row)
+		}
+	}
+	return rows, nil
+}
+
+func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (rssRow, error) {
+	row := rssRow{Case: kind, N: n, Roles: map[string]int{}}
+	if kind == rssOwnedKeys && uint64(2*n+1024) > fdLimit {
+		// The instance holds a client and an upstream connection per request.
+		row.N = int(fdLimit-1024) / 2
+		n = row.N
+		row.Note = fmt.Sprintf("%d, not more: an instance holding two connections per request needs 2N fds and the open-file limit here is %d", n, fdLimit)
+	}
+	if err := e.setFake(ctx, behavior{}); err != nil {
+		return row, err
+	}
+	if kind == rssDirect {
+		return e.rssDirect(ctx, row)
+	}
+	p, base, err := startProxy(ctx, &e.ps, e.dir, e.proxyBin, fmt.Sprintf("proxy-rss-%d", time.Now().UnixNano()), e.fakeURL, e.redisAddr())
+	if err != nil {
+		return row, err
+	}
+	defer e.ps.remove(p)
+	url := chatURL(base)
+	for i := range 50 { // warm-up: pools, lazily built state
+		e.c.post(ctx, url, chatBody(fmt.Sprintf("%s rss warm %s %d %d", e.runID, kind, n, i), false), false)
+	}
+	time.Sleep(time.Second)
+	if row.BaseRSS, err = rssBytes(p.pid()); err != nil {
+		return row, err
+	}
+
+	bodies := make([][]byte, n)
+	for i := range bodies {
+		content := fmt.Sprintf("%s rss %s %d #%d", e.runID, kind, n, i)
+		if kind == rssOneKey {
+			content = fmt.Sprintf("%s rss %s %d", e.runID, kind, n)
+		}
+		bodies[i] = chatBody(content, false)
+	}
+	release := func() error { return e.releaseFake(ctx) }
+	if kind == rssRemoteKeys {
+		owners, err := e.holdElsewhere(ctx, bodies)
+		if err != nil {
+			return row, err
+		}
+		defer owners.close()
+		release = owners.release
+	} else if err := e.setFake(ctx, behavior{Hold: true}); err != nil {
+		return row, err
+	}
+
+	// Each waiting request has its own connection: a client of its own, so that they are
+	// all closed afterwards.
+	cl := newClient()
+	defer cl.tr.CloseIdleConnections()
+	replies := make([]reply, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, b := range bodies {
+		if i%500 == 499 {
+			time.Sleep(50 * time.Millisecond) // do not overflow the listen backlog
+		}
+		wg.Go(func() { replies[i] = cl.post(ctx, url, b, false) })
+	}
+	if err := e.waitFor(ctx, 120*time.Second, func() (bool, error) {
+		v, err := e.metric(ctx, base, "llm_dedupe_waiting_requests")
+		return v >= float64(n), err
+	}); err != nil {
+		row.Note = "not all waiting: " + err.Error()
+	}
+	row.SettleSeconds = time.Since(start).Seconds()
+	time.Sleep(time.Second) // blocked reads and goroutines settle
+	before, err := e.commandStats(ctx)
+	if err != nil {
+		return row, err
+	}
+	const window = 3 * time.Second
+	time.Sleep(window)
+	after, err := e.commandStats(ctx)
+	if err != nil {
+		return row, err
+	}
+	row.WaitCmds = map[string]float64{}
+	for cmd, v := range after {
+		if d := float64(v-before[cmd]) / window.Seconds(); sentByClient(cmd) && d > 0 {
+			row.WaitCmds[cmd] = d
+		}
+	}
+	if row.RSS, err = rssBytes(p.pid()); err != nil {
+		return row, err
+	}
+	row.PerRequest = float64(row.RSS-row.BaseRSS) / float64(n)
+	row.Goroutines, _ = e.metric(ctx, base, "go_goroutines")
+	row.FDs = countFDs(p.pid())
+	row.RedisClients, row.RedisBlocked = e.redisClients(ctx)
+	if degraded, _ := e.metric(ctx, base, "llm_dedupe_backend_degraded"); degraded > 0 {
+		row.Note += " instance degraded to local-only dedupe"
+	}
+
+	released := time.Now()
+	if err := release(); err != nil {
+		return row, err
+	}
+	wg.Wait()
+	row.ReleaseSeconds = time.Since(released).Seconds()
+	for _, r := range replies {
+		if r.ok() {
+			row.OK++
+			row.Roles[r.role]++
+		} else {
+			row.Errors++
+		}
+	}
+	_ = e.setFake(ctx, behavior{})
+	return row, nil
+}
+
+// rssDirect holds n requests in a fresh fake upstream (the shared one has grown a log of
+// every call by now): what a bare Go HTTP server spends per waiting request, plus the
+// fake's record of each call (about 1.3 KB).
+func (e *env) rssDirect(ctx context.Context, row rssRow) (rssRow, error) {
+	n := row.N
+	fake, fakeURL, err := startFake(&e.ps, e.dir, filepath.Join(e.dir, "bin", "fakeupstream"))
+	if err != nil {
+		return row, err
+	}
+	defer e.ps.remove(fake)
+	fe := &env{c: e.c, fakeURL: fakeURL}
+	if err := fe.setFake(ctx, behavior{Hold: true}); err != nil {
+		return row, err
+	}
+	for i := range 50 { // warm-up, as for the proxy
+		go fe.c.post(ctx, chatURL(fakeURL), chatBody(fmt.Sprintf("%s rss direct warm %d", e.runID, i), false), false)
+	}
+	if err := fe.waitFor(ctx, 10*time.Second, func() (bool, error) {
+		c, err := fe.fakeCalls(ctx)
+		return c >= 50, err
+	}); err != nil {
+		return row, err
+	}
+	if err := fe.releaseFake(ctx); err != nil {
+		return row, err
+	}
+	if err := fe.setFake(ctx, behavior{Hold: true}); err != nil {
+		return row, err
+	}
+	time.Sleep(time.Second)
+	base, err := rssBytes(fake.pid())
+	if err != nil {
+		return row, err
+	}
+	row.BaseRSS = base
+	before, err := fe.fakeCalls(ctx)
+	if err != nil {
+		return row, err
+	}
+	cl := newClient()
+	defer cl.tr.CloseIdleConnections()
+	replies := make([]reply, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		if i%500 == 499 {
+			time.Sleep(50 * time.Millisecond)
+		}
+		wg.Go(func() {
+			replies[i] = cl.post(ctx, chatURL(fakeURL), chatBody(fmt.Sprintf("%s rss direct %d #%d", e.runID, n, i), false), false)
+		})
+	}
+	if err := fe.waitFor(ctx, 120*time.Second, func() (bool, error) {
+		c, err := fe.fakeCalls(ctx)
+		return c-before >= int64(n), err
+	}); err != nil {
+		row.Note = "not all waiting: " + err.Error()
+	}
+	row.SettleSeconds = time.Since(start).Seconds()
+	time.Sleep(4 * time.Second) // as long as the proxy cases settle
+	if row.RSS, err = rssBytes(fake.pid()); err != nil {
+		return row, err
+	}
+	row.PerRequest = float64(row.RSS-row.BaseRSS) / float64(n)
+	row.FDs = countFDs(fake.pid())
+	released := time.Now()
+	if err := fe.releaseFake(ctx); err != nil {
+		return row, err
+	}
+	wg.Wait()
+	row.ReleaseSeconds = time.Since(released).Seconds()
+	for _, r := range replies {
+		if r.ok() {
+			row.OK++
+		} else {
+			row.Errors++
+		}
+	}
+	return row, nil
+}
+
+func (e *env) waitFor(ctx context.Context, limit time.Duration, cond func() (bool, error)) error {
+	deadline := time.Now().Add(limit)
+	var last error
+	for time.Now().Before(deadline) {
+		ok, err := cond()
+		if ok {
+			return nil
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return errors.Join(fmt.Errorf("condition not met within %v", limit), last)
+}
+
+func (e *env) redisClients(ctx context.Context) (connected, blocked int) {
+	s, err := e.rdb.Info(ctx, "clients").Result()
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(s, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		n, _ := strconv.Atoi(v)
+		switch k {
+		case "connected_clients":
+			connected = n
+		case "blocked_clients":
+			blocked = n
+		}
+	}
+	return connected, blocked
+}
+
+func countFDs(pid int) int {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return 0
+	}
+	return len(ents)
+}
+
+// heldOwners are flights owned by a singleflight.Group inside the harness, standing for
+// another proxy instance whose upstream calls are running: the proxy measured follows them
+// through Redis exactly as it would follow another instance.
+type heldOwners struct {
+	g       *singleflight.Group
+	rdb     *redis.Client
+	readers []*singleflight.Reader
+	gate    chan struct{}
+	once    sync.Once
+}
+
+func (e *env) holdElsewhere(ctx context.Context, bodies [][]byte) (*heldOwners, error) {
+	scope, err := hashing.ParseScope("credential")
+	if err != nil {
+		return nil, err
+	}
+	h := hashing.New(hashing.Options{Scope: scope, IgnoreFields: []string{"user"}})
+	rdb := redis.NewClient(&redis.Options{Addr: e.redisAddr(), PoolSize: 512})
+	o := &heldOwners{rdb: rdb, gate: make(chan struct{})}
+	o.g = singleflight.New(singleflight.Options{Redis: rdb, BlockingRedis: rdb, ResultTTL: time.Minute})
+	header := http.Header{"Authorization": {e.c.auth}, "Content-Type": {"application/json"}}
+	for i, b := range bodies {
+		req, err := h.Key(http.MethodPost, "/v1/chat/completions", header, b)
+		if err != nil {
+			o.close()
+			return nil, err
+		}
+		answer := fmt.Appendf(nil, `{"id":"held-%d","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"held"},"finish_reason":"stop"}]}`, i)
+		r, err := o.g.Do(req.Key, false, func(ctx context.Context, w *singleflight.Writer) (singleflight.Result, error) {
+			select {
+			case <-o.gate:
+			case <-ctx.Done():
+				return singleflight.Result{}, ctx.Err()
+			}
+			return singleflight.Result{Head: singleflight.Head{Status: 200, Header: map[string][]string{"Content-Type": {"application/json"}}}, Body: answer}, nil
+		})
+		if err != nil {
+			o.close()
+			return nil, err
+		}
+		o.readers = append(o.readers, r)
+	}
+	if err := e.waitFor(ctx, 60*time.Second, func() (bool, error) { return o.g.Owned() >= len(bodies), nil }); err != nil {
+		o.close()
+		return nil, fmt.Errorf("owners: %w", err)
+	}
+	return o, nil
+}
+
+func (o *heldOwners) release() error {
+	o.once.Do(func() { close(o.gate) })
+	return nil
+}
+
+func (o *heldOwners) close() {
+	_ = o.release()
+	for _, r := range o.readers {
+		for {
+			if _, err := r.Next(context.Background()); err != nil {
+				if !errors.Is(err, io.EOF) {
+					logf("held owner: %v", err)
+				}
+				break
+			}
+		}
+		r.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = o.g.Close(ctx)
+	o.rdb.Close()
+}
