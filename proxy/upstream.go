@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
@@ -53,19 +54,11 @@ func outcomeOf(status int) singleflight.Outcome {
 }
 
 // ownerFunc returns the upstream call of a flight, made with this client's request.
+// The request's headers are read only if it becomes an owner (most requests are followers
+// or hits); nothing writes them after the handler has read the body, and the server does
+// not reuse a Request, so the function may read them after the handler returned.
 func (p *Proxy) ownerFunc(route string, r *http.Request, body []byte, stream, noStore bool) singleflight.Func {
-	header := r.Header.Clone()
-	for _, h := range dropRequestHeaders {
-		header.Del(h)
-	}
-	for _, v := range r.Header.Values("Connection") {
-		for _, name := range strings.Split(v, ",") {
-			header.Del(strings.TrimSpace(name))
-		}
-	}
-	if p.cfg.APIKey != "" {
-		header.Set("Authorization", "Bearer "+p.cfg.APIKey)
-	}
+	in := r.Header
 	target := p.upstreamURL(r.URL.Path, r.URL.RawQuery)
 	method := r.Method
 	return func(ctx context.Context, w *singleflight.Writer) (singleflight.Result, error) {
@@ -76,7 +69,7 @@ func (p *Proxy) ownerFunc(route string, r *http.Request, body []byte, stream, no
 		if err != nil {
 			return failure(http.StatusBadGateway, "upstream_unavailable", "the upstream request could not be made"), err
 		}
-		out.Header = header.Clone()
+		out.Header = p.forwardHeader(in)
 		out.ContentLength = int64(len(body))
 		resp, err := p.cfg.Transport.RoundTrip(out)
 		if err != nil {
@@ -112,6 +105,23 @@ func (p *Proxy) ownerFunc(route string, r *http.Request, body []byte, stream, no
 	}
 }
 
+// forwardHeader is what an owner sends upstream of its client's headers.
+func (p *Proxy) forwardHeader(in http.Header) http.Header {
+	h := in.Clone()
+	for _, name := range dropRequestHeaders {
+		h.Del(name)
+	}
+	for _, v := range in.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			h.Del(strings.TrimSpace(name))
+		}
+	}
+	if p.cfg.APIKey != "" {
+		h.Set("Authorization", "Bearer "+p.cfg.APIKey)
+	}
+	return h
+}
+
 // readWhole reads a unary answer, bounded in size; the idle timeout applies between reads.
 func (p *Proxy) readWhole(ctx context.Context, cancel context.CancelCauseFunc, body io.Reader, head singleflight.Head) (singleflight.Result, error) {
 	var buf bytes.Buffer
@@ -128,6 +138,10 @@ func (p *Proxy) readWhole(ctx context.Context, cancel context.CancelCauseFunc, b
 	return singleflight.Result{Head: head, Body: buf.Bytes()}, nil
 }
 
+// readBuffers are the buffers upstream answers are read with (sinks copy what they keep):
+// a fresh 32 KiB buffer per call was most of the bytes the owner path allocated.
+var readBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
 var (
 	errIdle     = errors.New("proxy: upstream sent nothing for idle_timeout")
 	errTooLarge = errors.New("proxy: upstream answer larger than the limit")
@@ -138,7 +152,9 @@ var (
 func (p *Proxy) pump(ctx context.Context, cancel context.CancelCauseFunc, body io.Reader, sink func([]byte) error) error {
 	idle := time.AfterFunc(p.cfg.IdleTimeout, func() { cancel(errIdle) })
 	defer idle.Stop()
-	buf := make([]byte, 32<<10)
+	bp := readBuffers.Get().(*[]byte)
+	defer readBuffers.Put(bp)
+	buf := *bp
 	for {
 		n, err := body.Read(buf)
 		idle.Reset(p.cfg.IdleTimeout)

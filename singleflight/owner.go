@@ -93,14 +93,16 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 		fin := final{head: res.Head, transcript: w.transcript(res.Body), store: store}
 		fin.tail, fin.landedN, fin.skip = w.tail()
 		fin.tail = append(fin.tail, res.Body...)
-		cerr := o.complete(wctx, fin)
-		stopHeartbeat()
-		if fin.store && !errors.Is(cerr, ErrLeaseLost) {
+		if store {
 			g.keep(f.key, fin.head, fin.transcript, 0) // kept here even if Redis is down
 		}
+		// The flight ends for its local readers once the final write is done, not before:
+		// a request sent after an answer arrived must never find that flight running.
+		cerr := o.complete(wctx, fin)
+		stopHeartbeat()
 		if errors.Is(cerr, ErrLeaseLost) {
 			// Another owner took over; its result is the stored one. Our local readers
-			// already hold a whole response, so they get it rather than a second call.
+			// already hold a whole answer, so they get it rather than a second call.
 			g.observe(Event{Kind: EventFencedWrite, Key: f.key, Op: "complete"})
 		}
 		f.finish(res.Head, res.Body)
