@@ -128,7 +128,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace,
 			Name:      "waiting_requests",
-			Help:      "Client requests currently waiting for another request's upstream call.",
+			Help:      "Client requests on a deduplicated route currently waiting for the first byte of their answer (owners included).",
 		}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace,
@@ -243,8 +243,8 @@ func (m *Metrics) Saved(route, model string, promptTokens, completionTokens int6
 }
 
 // WaitingAdd moves the waiting-requests gauge by delta (+1 when a request starts waiting
-// for another request's upstream call, -1 when it stops), so that a pile-up behind a slow
-// owner is visible while it happens, not only when the requests finish.
+// for the first byte of its answer, -1 when it comes), so that a pile-up behind a slow
+// upstream call is visible while it happens, not only when the requests finish.
 func (m *Metrics) WaitingAdd(delta int) {
 	if m == nil {
 		return
