@@ -204,3 +204,35 @@ func TestStreamIdleTimeout(t *testing.T) {
 		})
 	}
 }
+
+// The owner's own client leaving does not stop the stream the others are reading.
+func TestStreamOwnerClientLeaves(t *testing.T) {
+	for name, rs := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			up := startUpstream(t)
+			up.Set(fakeBehavior{Hold: true})
+			s := setup{redis: rs, flight: singleflight.Options{ResultTTL: time.Minute}}
+			ins := []*instance{newInstance(t, up, s)}
+			if rs != nil {
+				ins = append(ins, newInstance(t, up, s))
+			}
+			started := up.Started()
+			owner := openStream(t, ins[0].URL, streamBody)
+			<-started
+			follower := openStream(t, ins[len(ins)-1].URL, streamBody)
+			if ev, ok := follower.event(); !ok || !strings.Contains(ev, "tok0") {
+				t.Fatalf("follower's first event %q", ev)
+			}
+			owner.cancel() // the owner's client hangs up mid-stream
+			owner.resp.Body.Close()
+			up.Release()
+			want := fakeupstream.Transcript("/v1/chat/completions", 1, "gpt-test", 5, true)
+			if got := follower.rest(); got != want {
+				t.Fatalf("follower got %q; want the whole transcript %q", got, want)
+			}
+			if up.Calls() != 1 || up.Abandoned() != 0 {
+				t.Fatalf("%d calls, %d abandoned; want 1 call, run to its end", up.Calls(), up.Abandoned())
+			}
+		})
+	}
+}
