@@ -15,6 +15,10 @@
 //   - follow: another instance owns the call; the leader reads its stream into the local log;
 //   - claim: this process becomes the owner and runs the leader's function.
 //
+// After an attempt is abandoned (failed, expired, lost), a flight goes on only while one of
+// its local callers has received nothing yet: a caller with bytes of the abandoned attempt
+// can only end with an error, and no upstream call is made that nobody could use.
+//
 // Every local caller has a Reader over the flight's broadcast log: an append-only list of
 // chunks with a notify channel, read from the caller's own position. A caller that leaves
 // does not disturb the others. The first caller's Reader reports RoleOwner when its process
@@ -30,7 +34,10 @@
 //	P:owner-seq   string  INCR counter, first part of every fencing token
 //
 // The {K} hash tag puts a flight's three keys in one Cluster slot, so one script touches them
-// atomically. owner-seq lives in another slot, so a claim is INCR, then the claim script.
+// atomically. owner-seq lives in another slot: an instance reserves its numbers in blocks
+// (INCRBY 64), and the lookup of a new flight carries a candidate token, so that a key
+// nobody holds is claimed in the lookup itself. An owner costs two round trips, lookup
+// and complete; a takeover is lookup, jitter, lookup, then claim.lua's compare-and-set.
 //
 // # States
 //
@@ -50,8 +57,9 @@
 //     since Redis 5, and the minimum server is 6.2.)
 //   - Lease, not lock: the owner renews lease_until every HeartbeatInterval (renew.lua).
 //     The meta lives LeaseTTL+Linger, so attempt survives an owner's death.
-//   - Fencing: a token is "seq-instance-local": the owner-seq counter, the instance id and a
-//     per-process counter, because after a failover INCR can repeat a number. claim.lua is
+//   - Fencing: a token is "seq-instance-local": a number of the owner-seq counter, the
+//     instance id and a per-process counter, because after a failover INCR can repeat a
+//     number. claim.lua is
 //     a compare-and-set on the token the claimer saw; renew, append, complete and fail
 //     compare the whole token and do nothing for anyone else.
 //   - Owner suicide: a refused renewal or append cancels the flight context with cause

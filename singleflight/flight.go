@@ -25,14 +25,19 @@ type flight struct {
 	changed    chan struct{} // closed and replaced on every change
 	readers    int           // readers not yet closed
 	leaderOpen bool          // the reader of the caller whose fn this is has not closed
-	owning     bool          // this process runs the current attempt
-	gen        int
-	role       Role // of the current generation
-	age        time.Duration
-	head       *Head
-	chunks     [][]byte
-	ended      bool
-	endErr     error // with ended: the flight ended with this error instead of a response
+	// unserved counts the open readers that have delivered nothing yet, and leaderServed
+	// says whether the leader's has: only readers with nothing delivered can still use a
+	// new generation; one that has bytes of an abandoned one can only end with an error.
+	unserved     int
+	leaderServed bool
+	owning       bool // this process runs the current attempt
+	gen          int
+	role         Role // of the current generation
+	age          time.Duration
+	head         *Head
+	chunks       [][]byte
+	ended        bool
+	endErr       error // with ended: the flight ended with this error instead of a response
 	// leaderFail is the failed response of an attempt run with the leader's own function;
 	// the leader's reader gets it as is (its own upstream answer), others wait for a retry.
 	leaderFail *Result
@@ -140,22 +145,32 @@ func (f *flight) isOwning() bool {
 	return f.owning
 }
 
-func (f *flight) readerCount() int {
+// canUseNewGen reports whether a reader is left that a new attempt could serve: one that
+// has delivered nothing yet.
+func (f *flight) canUseNewGen() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.readers
+	return f.unserved > 0
 }
 
-// othersWaiting reports whether readers other than the leader's are still there: only
-// they need another attempt after the leader's own attempt failed.
+// othersWaiting reports whether readers other than the leader's can still be served by a
+// new attempt: after the leader's own attempt failed, only they need one.
 func (f *flight) othersWaiting() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n := f.readers
-	if f.leaderOpen {
+	n := f.unserved
+	if f.leaderOpen && !f.leaderServed {
 		n--
 	}
 	return n > 0
+}
+
+// served records, f.mu held, that a reader delivered its first bytes (or its end).
+func (f *flight) served(leader bool) {
+	f.unserved--
+	if leader {
+		f.leaderServed = true
+	}
 }
 
 // Reader reads one caller's outcome of a flight. It is not safe for concurrent use; each
@@ -193,8 +208,9 @@ func (r *Reader) Next(ctx context.Context) ([]byte, error) {
 		f.mu.Lock()
 		if r.leader && !r.delivered && f.leaderFail != nil {
 			lf := f.leaderFail
+			f.served(true)
 			f.mu.Unlock()
-			r.privEnd, r.head, r.role = true, lf.Head, RoleOwner
+			r.privEnd, r.head, r.role, r.delivered = true, lf.Head, RoleOwner, true
 			if len(lf.Body) > 0 {
 				r.private = [][]byte{lf.Body}
 			}
@@ -238,6 +254,7 @@ func (r *Reader) Next(ctx context.Context) ([]byte, error) {
 func (r *Reader) deliver(f *flight) {
 	if !r.delivered {
 		r.delivered = true
+		f.served(r.leader)
 		r.head = *f.head
 		r.age = f.age
 		r.role = f.role
@@ -277,5 +294,5 @@ func (r *Reader) Close() {
 		return
 	}
 	r.closed = true
-	r.g.leave(r.f, r.leader)
+	r.g.leave(r.f, r.leader, r.delivered)
 }

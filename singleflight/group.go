@@ -270,6 +270,7 @@ func (g *Group) Do(key string, noCache bool, fn Func) (*Reader, error) {
 	}
 	f.mu.Lock()
 	f.readers++
+	f.unserved++
 	f.leaderOpen = f.leaderOpen || leader
 	f.mu.Unlock()
 	return &Reader{g: g, f: f, leader: leader, started: time.Now()}, nil
@@ -305,11 +306,14 @@ func (g *Group) joinable(key string, noCache bool) (*flight, string) {
 }
 
 // leave is called when a reader closes.
-func (g *Group) leave(f *flight, leader bool) {
+func (g *Group) leave(f *flight, leader, delivered bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	f.mu.Lock()
 	f.readers--
+	if !delivered {
+		f.unserved--
+	}
 	if leader {
 		f.leaderOpen = false
 	}

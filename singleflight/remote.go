@@ -45,6 +45,10 @@ var (
 // expires because they also carry the instance id and a local counter.
 const seqTTL = 7 * 24 * time.Hour
 
+// seqBlock is how many owner sequence numbers one INCRBY reserves: a claim then costs no
+// round trip of its own, and each owner still has a number of the global counter.
+const seqBlock = 64
+
 // remote is the Redis coordinator of a Group.
 type remote struct {
 	g        *Group
@@ -52,6 +56,9 @@ type remote struct {
 	block    redis.UniversalClient
 	maxBlock time.Duration // upper bound of one blocking read, so that Close is prompt
 	local    atomic.Uint64 // makes tokens unique within this process
+
+	seqMu           sync.Mutex
+	seqNext, seqEnd int64 // the reserved block of owner-seq numbers not used yet: [next, end]
 
 	mu      sync.Mutex // guards probing, and changes of Group.degraded
 	probing bool
@@ -94,9 +101,13 @@ type decision struct {
 	age       time.Duration
 }
 
-func (r *remote) lookup(ctx context.Context, key string, noCache bool) (decision, error) {
+// lookup asks what a caller of key should do; with a candidate token it may claim the
+// flight at once (answer "owner"; the caller then uses the token up).
+func (r *remote) lookup(ctx context.Context, key string, noCache bool, candidate string) (decision, error) {
 	k := r.keys(key)
-	v, err := lookupScript.Run(ctx, r.rdb, []string{k.meta, k.result}, flag(noCache)).Slice()
+	o := r.g.opts
+	v, err := lookupScript.Run(ctx, r.rdb, []string{k.meta, k.result, k.stream},
+		flag(noCache), candidate, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL()).Slice()
 	if err != nil {
 		return decision{}, r.redisErr("lookup", err)
 	}
@@ -110,20 +121,47 @@ func (r *remote) lookup(ctx context.Context, key string, noCache bool) (decision
 		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
 	case "claim":
 		d.token, d.attempt, d.reason, d.gen = str(v, 1), int(num(v, 2)), str(v, 3), str(v, 4)
+	case "owner":
+		d.token, d.attempt, d.gen = candidate, int(num(v, 1)), str(v, 2)
 	default:
 		err = fmt.Errorf("singleflight: lookup: unexpected answer %q", d.kind)
 	}
 	return d, err
 }
 
-// newToken returns a fencing token: the global counter, made unique by the instance id
-// and a local counter, because after a failover INCR can hand out a number again.
-func (r *remote) newToken(ctx context.Context) (string, error) {
-	seq, err := incrScript.Run(ctx, r.rdb, []string{r.seqKey()}, seqTTL.Milliseconds()).Int64()
-	if err != nil {
-		return "", r.redisErr("incr", err)
+// peekToken returns the fencing token the next claim would use, without using it up: the
+// owner-seq number (from a block reserved with INCRBY), made unique by the instance id and
+// a local counter, because after a failover the counter can hand out a number again.
+func (r *remote) peekToken(ctx context.Context) (string, error) {
+	r.seqMu.Lock()
+	defer r.seqMu.Unlock()
+	if r.seqNext == 0 || r.seqNext > r.seqEnd {
+		end, err := incrScript.Run(ctx, r.rdb, []string{r.seqKey()}, seqBlock, seqTTL.Milliseconds()).Int64()
+		if err != nil {
+			return "", r.redisErr("incr", err)
+		}
+		r.seqNext, r.seqEnd = end-seqBlock+1, end
 	}
-	return strconv.FormatInt(seq, 10) + "-" + r.g.opts.InstanceID + "-" + strconv.FormatUint(r.local.Add(1), 10), nil
+	return strconv.FormatInt(r.seqNext, 10) + "-" + r.g.opts.InstanceID + "-" + strconv.FormatUint(r.local.Load()+1, 10), nil
+}
+
+// useToken marks token, returned by peekToken, as used by a claim.
+func (r *remote) useToken(token string) {
+	r.seqMu.Lock()
+	defer r.seqMu.Unlock()
+	if strings.HasPrefix(token, strconv.FormatInt(r.seqNext, 10)+"-") {
+		r.seqNext++
+		r.local.Add(1)
+	}
+}
+
+// newToken returns a fencing token for a claim, used up.
+func (r *remote) newToken(ctx context.Context) (string, error) {
+	t, err := r.peekToken(ctx)
+	if err == nil {
+		r.useToken(t)
+	}
+	return t, err
 }
 
 func (r *remote) claim(ctx context.Context, key, token, seen string, fresh bool) (decision, error) {

@@ -51,10 +51,31 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			g.leadLocal(ctx, f, failures+1)
 			return
 		}
-		d, err := r.lookup(ctx, f.key, f.noCache)
+		// A flight that has followed nothing yet offers a token: if the key is free, the
+		// lookup claims it in the same round trip.
+		var (
+			candidate string
+			err       error
+		)
+		if pos.last == "" || streamTried {
+			if candidate, err = r.peekToken(ctx); err != nil {
+				local = true
+				continue
+			}
+		}
+		d, err := r.lookup(ctx, f.key, f.noCache, candidate)
 		if err != nil {
 			local = true
 			continue
+		}
+		var (
+			token string // of the attempt to own, from lookup or claim
+			c     decision
+		)
+		if d.kind == "owner" {
+			r.useToken(candidate)
+			token, c = candidate, d
+			goto own
 		}
 	decide:
 		switch d.kind {
@@ -100,7 +121,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 				reason = "expired"
 			}
 			fresh = false
-			if f.readerCount() == 0 || !g.jitter(ctx) {
+			if !f.canUseNewGen() || !g.jitter(ctx) {
 				return
 			}
 			contended = true
@@ -129,12 +150,12 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 				contended = true
 				continue
 			}
-			token, err := r.newToken(ctx)
+			token, err = r.newToken(ctx)
 			if err != nil {
 				local = true
 				continue
 			}
-			c, err := r.claim(ctx, f.key, token, d.token, fresh)
+			c, err = r.claim(ctx, f.key, token, d.token, fresh)
 			if err != nil {
 				local = true
 				continue
@@ -150,6 +171,11 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 				g.deliverLastError(f, last)
 				return
 			}
+			goto own
+		}
+		continue
+	own:
+		{
 			role(RoleOwner)
 			if d.reason == "expired" || d.reason == "failed" || reason != "" {
 				g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: orDefault(reason, d.reason)})
@@ -162,8 +188,8 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			case attemptDone:
 				return
 			case attemptLeaseLost:
-				if f.readerCount() == 0 {
-					return // nobody here waits for the new owner's answer
+				if !f.canUseNewGen() {
+					return // nobody here can use the new owner's answer
 				}
 				continue // follow whoever owns it now
 			}
@@ -223,7 +249,7 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 			if !errors.Is(err, redis.Nil) {
 				r.redisErr("xread", err) // e.g. UNBLOCKED or MOVED by a failover: check again
 			}
-			d, lerr := r.lookup(ctx, f.key, f.noCache)
+			d, lerr := r.lookup(ctx, f.key, f.noCache, "")
 			if lerr != nil {
 				return followEnd{kind: followRedisErr, err: lerr}
 			}

@@ -1,9 +1,15 @@
--- lookup: what should a new caller of a flight do?
--- KEYS[1] meta  KEYS[2] result
--- ARGV[1] no_cache ("1": ignore a stored result)
+-- lookup: what should a new caller of a flight do? With a candidate token, a flight that
+-- is absent or over (and not stored) is claimed at once: the first caller of a key is its
+-- owner in one round trip. Claims of expired or failed flights go through claim.lua,
+-- after the takeover jitter.
+-- KEYS[1] meta  KEYS[2] result  KEYS[3] stream
+-- ARGV[1] no_cache ("1": ignore a stored result)  ARGV[2] candidate token ('' = look only)
+-- ARGV[3] owner (instance id)  ARGV[4] lease_ms  ARGV[5] ttl_ms
 -- returns {"hit", status, header, body, age_ms}
+--      or {"owner", attempt, gen_id}                         claimed with the candidate
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt}
---      or {"claim", seen_token, attempt, reason, gen_id}   reason: absent | expired | failed | done
+--      or {"claim", seen_token, attempt, reason, gen_id}     reason: absent | expired | failed | done
+-- Safe to run twice: a repeated lookup with my own candidate answers "owner" again.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -15,6 +21,19 @@ if ARGV[1] ~= '1' then
 end
 
 local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until', 'attempt', 'gen')
+local cand = ARGV[2]
+if cand ~= '' and m[2] == cand then
+  return {'owner', tonumber(m[4]), m[5]}
+end
+if cand ~= '' and (not m[1] or m[1] == 'D') then
+  local gen = redis.call('XADD', KEYS[3], '*', 't', 'gen', 'tok', cand, 'a', 1)
+  redis.call('XTRIM', KEYS[3], 'MINID', gen)
+  redis.call('HSET', KEYS[1], 'state', 'R', 'token', cand, 'owner', ARGV[3],
+    'lease_until', now + tonumber(ARGV[4]), 'attempt', 1, 'created', now, 'gen', gen, 'n', 0)
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+  redis.call('PEXPIRE', KEYS[3], ARGV[5])
+  return {'owner', 1, gen}
+end
 if not m[1] then
   return {'claim', '', 0, 'absent', ''}
 end
