@@ -129,10 +129,11 @@ func (r *remote) lookup(ctx context.Context, key string, noCache bool, candidate
 	return d, err
 }
 
-// peekToken returns the fencing token the next claim would use, without using it up: the
-// owner-seq number (from a block reserved with INCRBY), made unique by the instance id and
-// a local counter, because after a failover the counter can hand out a number again.
-func (r *remote) peekToken(ctx context.Context) (string, error) {
+// newToken returns a fencing token, never handed out before by this process: a number of
+// the owner-seq counter (from a block reserved with INCRBY), made unique by the instance id
+// and a local counter, because after a failover the counter can hand out a number again.
+// A token offered to a lookup that did not claim is simply never used.
+func (r *remote) newToken(ctx context.Context) (string, error) {
 	r.seqMu.Lock()
 	defer r.seqMu.Unlock()
 	if r.seqNext == 0 || r.seqNext > r.seqEnd {
@@ -142,26 +143,9 @@ func (r *remote) peekToken(ctx context.Context) (string, error) {
 		}
 		r.seqNext, r.seqEnd = end-seqBlock+1, end
 	}
-	return strconv.FormatInt(r.seqNext, 10) + "-" + r.g.opts.InstanceID + "-" + strconv.FormatUint(r.local.Load()+1, 10), nil
-}
-
-// useToken marks token, returned by peekToken, as used by a claim.
-func (r *remote) useToken(token string) {
-	r.seqMu.Lock()
-	defer r.seqMu.Unlock()
-	if strings.HasPrefix(token, strconv.FormatInt(r.seqNext, 10)+"-") {
-		r.seqNext++
-		r.local.Add(1)
-	}
-}
-
-// newToken returns a fencing token for a claim, used up.
-func (r *remote) newToken(ctx context.Context) (string, error) {
-	t, err := r.peekToken(ctx)
-	if err == nil {
-		r.useToken(t)
-	}
-	return t, err
+	seq := r.seqNext
+	r.seqNext++
+	return strconv.FormatInt(seq, 10) + "-" + r.g.opts.InstanceID + "-" + strconv.FormatUint(r.local.Add(1), 10), nil
 }
 
 func (r *remote) claim(ctx context.Context, key, token, seen string, fresh bool) (decision, error) {

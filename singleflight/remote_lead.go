@@ -58,7 +58,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			err       error
 		)
 		if pos.last == "" || streamTried {
-			if candidate, err = r.peekToken(ctx); err != nil {
+			if candidate, err = r.newToken(ctx); err != nil {
 				local = true
 				continue
 			}
@@ -73,7 +73,6 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			c     decision
 		)
 		if d.kind == "owner" {
-			r.useToken(candidate)
 			token, c = candidate, d
 			goto own
 		}
