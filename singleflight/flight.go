@@ -16,6 +16,7 @@ import (
 // ErrGenerationChanged, a reader that has delivered nothing moves on to the new one.
 type flight struct {
 	key     string
+	lkey    string // its key in Group.flights
 	noCache bool
 	fn      Func
 
@@ -43,8 +44,8 @@ type flight struct {
 	leaderFail *Result
 }
 
-func newFlight(key string, noCache bool, fn Func, cancel context.CancelCauseFunc) *flight {
-	return &flight{key: key, noCache: noCache, fn: fn, cancel: cancel, changed: make(chan struct{})}
+func newFlight(key, lkey string, noCache bool, fn Func, cancel context.CancelCauseFunc) *flight {
+	return &flight{key: key, lkey: lkey, noCache: noCache, fn: fn, cancel: cancel, changed: make(chan struct{})}
 }
 
 // broadcast wakes every reader; f.mu must be held.
@@ -112,14 +113,19 @@ func (f *flight) finish(h Head, body []byte) {
 	f.broadcast()
 }
 
-// finishHit ends the flight with a stored result.
+// finishWith ends the flight with a response of its own generation, whatever the current
+// one held: a stored result, the last error, an answer read in Redis.
+func (f *flight) finishWith(h Head, body []byte) {
+	f.resetGen(nil)
+	f.finish(h, body)
+}
+
+// finishHit ends the flight with a stored result made age ago.
 func (f *flight) finishHit(h Head, body []byte, age time.Duration) {
 	f.mu.Lock()
-	f.gen++
-	f.role, f.owning, f.age = RoleHit, false, age
-	f.head, f.chunks = nil, nil
+	f.role, f.age = RoleHit, age
 	f.mu.Unlock()
-	f.finish(h, body)
+	f.finishWith(h, body)
 }
 
 // fail ends the flight with an error: every reader still waiting gets it.
@@ -137,12 +143,6 @@ func (f *flight) hasEnded() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.ended
-}
-
-func (f *flight) isOwning() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.owning
 }
 
 // canUseNewGen reports whether a reader is left that a new attempt could serve: one that
@@ -176,10 +176,9 @@ func (f *flight) served(leader bool) {
 // Reader reads one caller's outcome of a flight. It is not safe for concurrent use; each
 // caller of Group.Do gets its own.
 type Reader struct {
-	g       *Group
-	f       *flight
-	leader  bool
-	started time.Time
+	g      *Group
+	f      *flight
+	leader bool
 
 	gen       int
 	idx       int

@@ -263,17 +263,17 @@ func (g *Group) Do(key string, noCache bool, fn Func) (*Reader, error) {
 	leader := f == nil
 	if leader {
 		ctx, cancel := context.WithCancelCause(g.ctx)
-		f = newFlight(key, noCache, fn, cancel)
+		f = newFlight(key, lkey, noCache, fn, cancel)
 		g.flights[lkey] = f
 		g.wg.Add(1)
-		go g.lead(ctx, lkey, f)
+		go g.lead(ctx, f)
 	}
 	f.mu.Lock()
 	f.readers++
 	f.unserved++
 	f.leaderOpen = f.leaderOpen || leader
 	f.mu.Unlock()
-	return &Reader{g: g, f: f, leader: leader, started: time.Now()}, nil
+	return &Reader{g: g, f: f, leader: leader}, nil
 }
 
 // joinable returns the local flight a caller of key joins, or nil and the map key under
@@ -325,13 +325,11 @@ func (g *Group) leave(f *flight, leader, delivered bool) {
 	}
 }
 
-// forget removes f from the flight map, so that new callers start a new flight; g.mu held.
+// forget removes f from the flight map, if it is still there, so that new callers start a
+// new flight; g.mu held.
 func (g *Group) forget(f *flight) {
-	for k, v := range g.flights {
-		if v == f {
-			delete(g.flights, k)
-			return
-		}
+	if g.flights[f.lkey] == f {
+		delete(g.flights, f.lkey)
 	}
 }
 

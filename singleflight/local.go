@@ -18,14 +18,12 @@ func (localOwnership) remote() bool                                          { r
 func (localOwnership) complete(context.Context, final) error { return nil }
 
 // lead runs the flight f until it has an outcome for its readers.
-func (g *Group) lead(ctx context.Context, lkey string, f *flight) {
+func (g *Group) lead(ctx context.Context, f *flight) {
 	defer g.wg.Done()
 	g.observe(Event{Kind: EventFlightStart, Key: f.key})
 	defer func() {
 		g.mu.Lock()
-		if g.flights[lkey] == f {
-			delete(g.flights, lkey)
-		}
+		g.forget(f)
 		g.mu.Unlock()
 		if cause := context.Cause(ctx); cause != nil {
 			f.fail(errors.Join(ErrFailed, cause))
@@ -84,11 +82,7 @@ func (g *Group) deliverLastError(f *flight, last Result) {
 		f.fail(ErrFailed)
 		return
 	}
-	f.mu.Lock()
-	f.gen++
-	f.head, f.chunks = nil, nil
-	f.mu.Unlock()
-	f.finish(last.Head, last.Body)
+	f.finishWith(last.Head, last.Body)
 }
 
 // jitter waits a random part of TakeoverJitter, so that contenders do not stampede;

@@ -90,10 +90,11 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	}
 	if err == nil && res.Outcome != Retry && res.Head.Status != 0 {
 		store := res.Outcome == Store && g.opts.ResultTTL > 0
-		fin := final{head: res.Head, transcript: w.transcript(res.Body), store: store}
+		fin := final{head: res.Head, store: store}
 		fin.tail, fin.landedN, fin.skip = w.tail()
 		fin.tail = append(fin.tail, res.Body...)
-		if store {
+		if store { // the whole answer is put together only to be stored
+			fin.transcript = w.transcript(res.Body)
 			g.keep(f.key, fin.head, fin.transcript, 0) // kept here even if Redis is down
 		}
 		// The flight ends for its local readers once the final write is done, not before:

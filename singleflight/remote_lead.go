@@ -18,6 +18,24 @@ type position struct {
 	lost    bool // entries of this generation are missing: only its end matters
 }
 
+// switchTo starts following the generation of the owner d names, from its first entry.
+func (p *position) switchTo(f *flight, d decision) {
+	f.startGen(RoleFollower, false)
+	*p = position{token: d.token, last: d.gen, n: 1, attempt: d.attempt}
+}
+
+// serveHit ends f with the stored answer d found, and keeps it in this process. A flight
+// that was following an attempt gives that generation up for it (its done entry never
+// reached us); one that followed nothing is a hit.
+func (r *remote) serveHit(f *flight, d decision, following bool) {
+	r.g.keep(f.key, d.head, d.body, d.age)
+	if following {
+		f.finishWith(d.head, d.body)
+		return
+	}
+	f.finishHit(d.head, d.body, d.age)
+}
+
 // lead runs one local flight against Redis: look up, then serve a hit, follow the owner,
 // or claim and own; after a failed or expired attempt, contend again after a jitter.
 func (r *remote) lead(ctx context.Context, f *flight) {
@@ -80,19 +98,12 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 		switch d.kind {
 		case "hit":
 			role(RoleHit)
-			g.keep(f.key, d.head, d.body, d.age)
-			if pos.token == "" {
-				f.finishHit(d.head, d.body, d.age)
-			} else { // our generation ended without its done entry reaching us
-				f.resetGen(nil)
-				f.finish(d.head, d.body)
-			}
+			r.serveHit(f, d, pos.token != "")
 			return
 		case "follow":
 			role(RoleFollower)
 			if d.token != pos.token {
-				f.startGen(RoleFollower, false)
-				pos = position{token: d.token, last: d.gen, n: 1, attempt: d.attempt}
+				pos.switchTo(f, d)
 			}
 			end := r.follow(ctx, f, &pos, d.remaining)
 			switch end.kind {
@@ -181,7 +192,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			}
 			reason, fresh = "", false
 			pos = position{token: token}
-			o := &remoteOwnership{r: r, key: f.key, k: r.keys(f.key), token: token}
+			o := &remoteOwnership{r: r, k: r.keys(f.key), token: token}
 			end, res, _ := g.own(ctx, f, o)
 			switch end {
 			case attemptDone:
@@ -256,12 +267,10 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 			case d.kind == "follow" && d.token == pos.token:
 				deadline = time.Now().Add(d.remaining)
 			case d.kind == "follow": // a new owner whose first entry we have not read
-				f.startGen(RoleFollower, false)
-				*pos = position{token: d.token, last: d.gen, n: 1, attempt: d.attempt}
+				pos.switchTo(f, d)
 				deadline = time.Now().Add(d.remaining)
 			case d.kind == "hit":
-				f.resetGen(nil)
-				f.finish(d.head, d.body)
+				r.serveHit(f, d, true)
 				return followEnd{kind: followDone}
 			case (d.reason == "failed" || d.reason == "done") && d.token == pos.token && recheck < 2:
 				recheck++ // its last entry was written after our read: read it

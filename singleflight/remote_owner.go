@@ -13,7 +13,6 @@ var errStreamFull = errors.New("singleflight: stream full")
 // remoteOwnership is one owned attempt in Redis: every write is fenced by token.
 type remoteOwnership struct {
 	r     *remote
-	key   string
 	k     flightKeys
 	token string
 }
