@@ -149,7 +149,7 @@ func sseError(err error) string {
 	if !errors.Is(err, singleflight.ErrGenerationChanged) {
 		msg = "the answer was interrupted; retry the request"
 	}
-	return "event: error\ndata: {\"error\":{\"message\":\"" + msg + "\",\"type\":\"server_error\",\"code\":\"stream_interrupted\"}}\n\n"
+	return "event: error\ndata: " + string(errorJSON("server_error", "stream_interrupted", msg)) + "\n\n"
 }
 
 // keyPath is the path and, if there is one, the query of a request, in the form the key is

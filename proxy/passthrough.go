@@ -107,13 +107,21 @@ func isUpgrade(h http.Header) bool {
 // writeError answers with an error object in the form the OpenAI API and its SDKs use:
 // {"error":{"message":…,"type":…,"code":…}}.
 func writeError(w http.ResponseWriter, status int, typ, code, message string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(errorJSON(typ, code, message), '\n'))
+}
+
+// errorJSON is an error object in the OpenAI shape, {"error":{"message","type","code"}}:
+// the one form of every error the proxy makes, whether written at once, shared with a
+// flight's followers or sent as an SSE event.
+func errorJSON(typ, code, message string) []byte {
 	type body struct {
 		Message string `json:"message"`
 		Type    string `json:"type"`
 		Code    string `json:"code"`
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]body{"error": {Message: message, Type: typ, Code: code}})
+	b, _ := json.Marshal(map[string]body{"error": {Message: message, Type: typ, Code: code}})
+	return b
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -177,10 +176,9 @@ func (p *Proxy) pump(ctx context.Context, cancel context.CancelCauseFunc, body i
 
 // failure is an answer made by the proxy in the OpenAI error shape, for a failed attempt.
 func failure(status int, code, msg string) singleflight.Result {
-	body := fmt.Sprintf(`{"error":{"message":%q,"type":"upstream_error","code":%q}}`+"\n", msg, code)
 	return singleflight.Result{
 		Head:    singleflight.Head{Status: status, Header: map[string][]string{"Content-Type": {"application/json"}}},
-		Body:    []byte(body),
+		Body:    append(errorJSON("upstream_error", code, msg), '\n'),
 		Outcome: singleflight.Retry,
 	}
 }
