@@ -17,6 +17,7 @@ fmt-check:
 
 vet:
 	go vet ./...
+	go vet -tags pprof ./cmd/...
 
 build:
 	go build -ldflags "$(LDFLAGS)" -o bin/llm-dedupe-proxy ./cmd/llm-dedupe-proxy

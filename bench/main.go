@@ -55,13 +55,6 @@ func quickCfg() cfg {
 var phases = []string{"owner", "hit", "lag", "stream", "dup", "redis", "rss", "pprof"}
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == childProxyFlag {
-		if err := runChildProxy(os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, "bench child proxy:", err)
-			os.Exit(1)
-		}
-		return
-	}
 	quick := flag.Bool("quick", false, "smoke run: one short run of every measurement")
 	out := flag.String("out", "", "markdown report to write (default BENCHMARKS.md; none with -quick or -only)")
 	resultsDir := flag.String("results", filepath.Join("bench", "results"), "directory for the raw numbers (JSON) and CPU profiles")

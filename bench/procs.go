@@ -128,11 +128,13 @@ func waitHTTP(ctx context.Context, p *proc, url string) error {
 	return fmt.Errorf("%s did not answer %s within 15s:\n%s", p.name, url, p.tail())
 }
 
-// buildBinaries builds the proxy and the fake upstream into dir.
+// buildBinaries builds the proxy and the fake upstream into dir. The proxy is built with
+// -tags pprof, so that the profiles are taken of the real binary (it serves pprof only
+// where LLM_DEDUPE_PPROF_LISTEN is set; see cmd/llm-dedupe-proxy/pprof.go).
 func buildBinaries(ctx context.Context, dir string) (proxyBin, fakeBin string, err error) {
 	proxyBin, fakeBin = filepath.Join(dir, "llm-dedupe-proxy"), filepath.Join(dir, "fakeupstream")
-	for _, b := range [][2]string{{proxyBin, "./cmd/llm-dedupe-proxy"}, {fakeBin, "./e2e/fakeupstream"}} {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", b[0], b[1])
+	for _, b := range [][3]string{{proxyBin, "./cmd/llm-dedupe-proxy", "pprof"}, {fakeBin, "./e2e/fakeupstream", ""}} {
+		cmd := exec.CommandContext(ctx, "go", "build", "-tags", b[2], "-o", b[0], b[1])
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return "", "", fmt.Errorf("go build %s: %v\n%s", b[1], err, out)
 		}
@@ -204,7 +206,7 @@ func startRedis(ctx context.Context, ps *procs, dir string) (*proc, string, erro
 
 // startProxy runs one llm-dedupe-proxy instance configured through its environment, as an
 // operator would, and waits until it is ready.
-func startProxy(ctx context.Context, ps *procs, dir, bin, name, upstream, redisAddr string) (*proc, string, error) {
+func startProxy(ctx context.Context, ps *procs, dir, bin, name, upstream, redisAddr string, extraEnv ...string) (*proc, string, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, "", err
@@ -216,7 +218,7 @@ func startProxy(ctx context.Context, ps *procs, dir, bin, name, upstream, redisA
 		"LLM_DEDUPE_FLIGHT_RESULT_TTL=10m",
 		"LLM_DEDUPE_LOG_LEVEL=warn",
 	}
-	p, err := ps.start(name, dir, env, bin, "serve")
+	p, err := ps.start(name, dir, append(env, extraEnv...), bin, "serve")
 	if err != nil {
 		return nil, "", err
 	}

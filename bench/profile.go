@@ -3,98 +3,17 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
-	"net/http/pprof"
-	"net/url"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/redis/go-redis/v9"
-
-	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
-	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/metrics"
-	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
-	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
-// childProxyFlag makes the harness binary run as a proxy instance wired like
-// cmd/llm-dedupe-proxy's serve (Redis clients, single-flight group, metrics, hasher,
-// proxy), with net/http/pprof on a second loopback port: the proxy itself does not
-// expose pprof, and a profile taken in the load generator's process would mix the two.
-const childProxyFlag = "-child-proxy"
-
-func runChildProxy(args []string) error {
-	fs := flag.NewFlagSet("child-proxy", flag.ContinueOnError)
-	listen := fs.String("listen", "", "proxy address")
-	pprofListen := fs.String("pprof", "", "pprof address")
-	upstream := fs.String("upstream", "", "upstream base URL")
-	redisAddr := fs.String("redis", "", "Redis address")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	target, err := url.Parse(*upstream)
-	if err != nil {
-		return err
-	}
-	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	reg := prometheus.NewRegistry()
-	m := metrics.New(reg)
-	// The same client options as cmd/llm-dedupe-proxy with the default configuration.
-	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, MaxRetries: 2})
-	blk := redis.NewClient(&redis.Options{Addr: *redisAddr, DialTimeout: time.Second, ReadTimeout: time.Second, WriteTimeout: time.Second, MaxRetries: 2,
-		PoolSize: 4096, ReadBufferSize: 4 << 10, WriteBufferSize: 1 << 10})
-	group := singleflight.New(singleflight.Options{Redis: rdb, BlockingRedis: blk, ResultTTL: 10 * time.Minute, Observer: m})
-	scope, err := hashing.ParseScope("credential")
-	if err != nil {
-		return err
-	}
-	p, err := proxy.New(proxy.Config{
-		Upstream:  target,
-		Transport: proxy.NewTransport(),
-		Flights:   group,
-		Hasher:    hashing.New(hashing.Options{Scope: scope, IgnoreFields: []string{"user"}}),
-		Recorder:  m,
-		Metrics:   promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
-		Logger:    logger,
-	})
-	if err != nil {
-		return err
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	go func() { _ = http.ListenAndServe(*pprofListen, mux) }()
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	go func() { <-ctx.Done(); _ = srv.Close() }()
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = group.Close(cctx)
-	return nil
-}
-
-// profileRow is one CPU profile of the child proxy under one workload.
+// profileRow is one CPU profile of the proxy under one workload.
 type profileRow struct {
 	Workload string   `json:"workload"`
 	RPS      float64  `json:"rps"`
@@ -130,32 +49,20 @@ var profileBuckets = []struct{ label, re string }{
 	{"system calls, flat (Syscall6)", `^internal/runtime/syscall/linux\.Syscall6$`},
 }
 
-// profiles runs the child proxy and takes a CPU profile of it while the load generator
+// profiles runs a proxy that serves pprof and takes a CPU profile of it while the load generator
 // sends unique prompts (owner path) and then stored prompts (hit path), the upstream
 // answering at once so that the proxy's own work is all there is to see.
 func (e *env) profiles(ctx context.Context, c cfg, outDir string) ([]profileRow, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
 	pport, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	p, err := e.ps.start("proxy-pprof", e.dir, nil, exe, childProxyFlag,
-		"-listen", loopback(port), "-pprof", loopback(pport), "-upstream", e.fakeURL, "-redis", e.redisAddr())
+	p, base, err := startProxy(ctx, &e.ps, e.dir, e.proxyBin, "proxy-pprof", e.fakeURL, e.redisAddr(),
+		"LLM_DEDUPE_PPROF_LISTEN="+loopback(pport))
 	if err != nil {
 		return nil, err
 	}
 	defer e.ps.remove(p)
-	base := "http://" + loopback(port)
-	if err := waitHTTP(ctx, p, base+"/readyz"); err != nil {
-		return nil, err
-	}
 	if err := e.setFake(ctx, behavior{}); err != nil {
 		return nil, err
 	}

@@ -333,7 +333,7 @@ func profileSection(b *strings.Builder, r *results) {
 		return
 	}
 	w := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
-	w("## Where the proxy's CPU goes\n\nThe proxy wired as `serve` wires it (Redis backend), run as a child of the harness that also serves net/http/pprof on a side port; %v clients, the upstream answering at once so that the proxy's own work is all there is, a CPU profile of the proxy process alone while the load runs. Shares are cumulative (a function and everything it calls) as `go tool pprof -top -cum` reports them, so rows overlap (the HTTP server row contains most of the others, the Redis row contains the script rows); a row starting with … is part of the row above. Profiles: `%s`.\n\n", r.Config["concurrency"], filepath.Dir(r.Profiles[0].File))
+	w("## Where the proxy's CPU goes\n\nThe proxy binary itself (Redis backend), built with `-tags pprof` so that it serves net/http/pprof on a side port; %v clients, the upstream answering at once so that the proxy's own work is all there is, a CPU profile of the proxy process alone while the load runs. Shares are cumulative (a function and everything it calls) as `go tool pprof -top -cum` reports them, so rows overlap (the HTTP server row contains most of the others, the Redis row contains the script rows); a row starting with … is part of the row above. Profiles: `%s`.\n\n", r.Config["concurrency"], filepath.Dir(r.Profiles[0].File))
 	w("| | ")
 	for _, p := range r.Profiles {
 		w("%s path | ", p.Workload)

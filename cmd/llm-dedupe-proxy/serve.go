@@ -32,6 +32,7 @@ func (a *app) serve(ctx context.Context, args []string) int {
 	}
 
 	logger := newLogger(a.stderr, cfg.Log)
+	defer startPprof(a, logger)()
 	wired, err := wire(cfg, logger)
 	if err != nil {
 		logger.Error("start", "err", err)
