@@ -195,6 +195,9 @@ type Group struct {
 type hooks struct {
 	beforeRenew  func(ctx context.Context) // blocks a heartbeat (a paused or dead owner)
 	beforeFollow func()                    // runs between a follower's lookup and its first read
+	readGap      func()                    // a follower's read found nothing (or failed), before it looks again
+	afterEntries func()                    // a follower applied one read's entries, before its next read
+	beforeClaim  func()                    // a contender is about to run claim.lua
 }
 
 type storedResult struct {

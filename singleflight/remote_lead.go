@@ -165,6 +165,9 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 				local = true
 				continue
 			}
+			if g.hooks.beforeClaim != nil {
+				g.hooks.beforeClaim()
+			}
 			c, err = r.claim(ctx, f.key, token, d.token, fresh)
 			if err != nil {
 				local = true
@@ -259,6 +262,9 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 			if !errors.Is(err, redis.Nil) {
 				r.redisErr("xread", err) // e.g. UNBLOCKED or MOVED by a failover: check again
 			}
+			if r.g.hooks.readGap != nil {
+				r.g.hooks.readGap()
+			}
 			d, lerr := r.lookup(ctx, f.key, f.noCache, "")
 			if lerr != nil {
 				return followEnd{kind: followRedisErr, err: lerr}
@@ -286,6 +292,9 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 					return end
 				}
 			}
+		}
+		if r.g.hooks.afterEntries != nil {
+			r.g.hooks.afterEntries()
 		}
 		deadline = time.Now().Add(r.g.opts.LeaseTTL) // the owner is alive and writing
 	}

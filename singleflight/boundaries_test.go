@@ -1,0 +1,217 @@
+package singleflight
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+)
+
+// The interleavings at a flight's end, each driven on a real Redis with the package's hooks:
+// a follower of another instance that already holds bytes of an answer must read that
+// answer to its end, whatever happens to the key around it, and an answer that completed
+// must never be asked of the upstream a second time.
+
+// streamReader reads r in the background; first is closed once it delivered bytes.
+type streamReader struct {
+	first chan struct{}
+	done  chan outcome
+}
+
+func readStream(ctx context.Context, r *Reader) *streamReader {
+	s := &streamReader{first: make(chan struct{}), done: make(chan outcome, 1)}
+	go func() {
+		defer r.Close()
+		var b []byte
+		var once sync.Once
+		for {
+			c, err := r.Next(ctx)
+			if len(c) > 0 {
+				b = append(b, c...)
+				once.Do(func() { close(s.first) })
+			}
+			if errors.Is(err, io.EOF) {
+				s.done <- outcome{head: r.Head(), body: string(b), role: r.Role()}
+				return
+			}
+			if err != nil {
+				s.done <- outcome{head: r.Head(), body: string(b), role: r.Role(), err: err}
+				return
+			}
+		}
+	}()
+	return s
+}
+
+// once returns a hook that runs fn the first time it is called, and nothing after.
+func once(fn func()) func() {
+	var o sync.Once
+	return func() { o.Do(fn) }
+}
+
+// Hole 1: a follower's read runs out while the owner is silent mid-stream; the owner
+// completes and stores its answer before the follower looks again. The follower must finish
+// the answer it was streaming (the stored result has its token), not start it over.
+func TestFollowerFinishesWhenStoredDuringReadGap(t *testing.T) {
+	b := backend{name: "redis", redis: redistest.Start(t)}
+	o := Options{ResultTTL: time.Minute, BatchDelay: time.Millisecond}
+	a, fg := b.group(t, o), b.group(t, o)
+	fg.remote.maxBlock = 50 * time.Millisecond // the owner's silence outlasts one read
+	key := uniqueKey()
+	s := newStreamer(3)
+	ra, _ := a.Do(key, false, s.fn)
+	ownerOut := readStream(context.Background(), ra)
+	<-s.first
+
+	var follower *streamReader
+	ready := make(chan struct{})
+	fg.hooks.readGap = once(func() {
+		<-ready
+		<-follower.first
+		close(s.hold) // the owner writes its last event and completes
+		if out := <-ownerOut.done; out.err != nil || out.body != s.transcript() {
+			t.Errorf("owner got (%q, %v); want the transcript", out.body, out.err)
+		}
+	})
+	rf, _ := fg.Do(key, false, s.fn)
+	follower = readStream(context.Background(), rf)
+	close(ready)
+	out := <-follower.done
+	if out.err != nil || out.body != s.transcript() || out.role != RoleFollower {
+		t.Fatalf("follower got (%q, %v, %v); want (%q, nil, follower)", out.body, out.err, out.role, s.transcript())
+	}
+}
+
+// Hole 2: the owner completes without storing (dedupe only, or a no-cache caller claims
+// the finished flight), and a new identical request claims the key while a follower is
+// between two reads of the finished answer. The follower must still read to its done.
+func TestFollowerFinishesWhenNewFlightClaimsAfterEnd(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	for _, tc := range []struct {
+		name    string
+		ttl     time.Duration
+		noCache bool
+	}{
+		{"result_ttl 0", 0, false},
+		{"no-cache", time.Minute, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := Options{ResultTTL: tc.ttl, BatchDelay: time.Millisecond}
+			a, fg, cg := b.group(t, o), b.group(t, o), b.group(t, o)
+			key := uniqueKey()
+			s := newStreamer(3)
+			ra, _ := a.Do(key, false, s.fn)
+			ownerOut := readStream(context.Background(), ra)
+			<-s.first
+
+			var second atomic.Int32
+			secondRunning := make(chan struct{})
+			secondGate := make(chan struct{})
+			secondFn := func(ctx context.Context, w *Writer) (Result, error) {
+				second.Add(1)
+				close(secondRunning)
+				select {
+				case <-secondGate:
+				case <-ctx.Done():
+					return Result{}, context.Cause(ctx)
+				}
+				return Result{Head: Head{Status: 200}, Body: []byte("second")}, nil
+			}
+			defer func() {
+				select {
+				case <-secondGate:
+				default:
+					close(secondGate)
+				}
+			}()
+			newReader := make(chan *Reader, 1)
+			var follower *streamReader
+			ready := make(chan struct{})
+			fg.hooks.afterEntries = once(func() {
+				<-ready
+				<-follower.first
+				close(s.hold)
+				if out := <-ownerOut.done; out.err != nil {
+					t.Errorf("owner: %v", out.err)
+				}
+				// The flight is over; an identical request arrives on a third instance.
+				rc, _ := cg.Do(key, tc.noCache, secondFn)
+				newReader <- rc
+				<-secondRunning
+			})
+			rf, _ := fg.Do(key, false, s.fn)
+			follower = readStream(context.Background(), rf)
+			close(ready)
+			out := <-follower.done
+			if out.err != nil || out.body != s.transcript() {
+				t.Fatalf("follower got (%q, %v); want (%q, nil)", out.body, out.err, s.transcript())
+			}
+			close(secondGate)
+			var rc *Reader
+			select {
+			case rc = <-newReader:
+			default:
+				t.Fatal("the new request never ran")
+			}
+			if got := readAll(context.Background(), rc); got.body != "second" || got.role != RoleOwner {
+				t.Fatalf("new request got (%q, %v, %v); want (second, owner)", got.body, got.role, got.err)
+			}
+			if n := second.Load(); n != 1 {
+				t.Fatalf("%d calls for the new request; want 1", n)
+			}
+		})
+	}
+}
+
+// Hole 3: a contender saw the owner's lease run out and waits the jitter; the paused owner
+// wakes and completes, storing its answer. The contender's claim must not start a second
+// upstream call: it gets the stored answer.
+func TestClaimAfterOwnerCompletedGetsTheAnswer(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	o := Options{LeaseTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, ResultTTL: time.Minute}
+	a, fg := b.group(t, o), b.group(t, o)
+	revive := deadOwner(a) // a's lease runs out while its call goes on
+	defer revive()
+	key := uniqueKey()
+	var calls atomic.Int32
+	running := make(chan struct{}, 1)
+	gate := make(chan struct{})
+	fn := func(ctx context.Context, w *Writer) (Result, error) {
+		n := calls.Add(1)
+		running <- struct{}{}
+		if n == 1 {
+			<-gate
+			return Result{Head: Head{Status: 200}, Body: []byte("first")}, nil
+		}
+		return Result{Head: Head{Status: 200}, Body: []byte("second")}, nil
+	}
+	ra, _ := a.Do(key, false, fn)
+	ownerOut := readStream(context.Background(), ra)
+	<-running
+	fg.hooks.beforeClaim = once(func() {
+		close(gate) // the paused owner completes before the contender's claim lands
+		if out := <-ownerOut.done; out.err != nil || out.body != "first" {
+			t.Errorf("owner got (%q, %v); want first", out.body, out.err)
+		}
+	})
+	out := doAll(t, fg, key, 2, fn)()
+	for _, got := range out {
+		if got.err != nil || got.body != "first" {
+			t.Fatalf("contender's caller got (%q, %v); want first", got.body, got.err)
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d upstream calls; want 1 (the answer was stored before the claim)", n)
+	}
+	body, _ := srv.Client().HGet(context.Background(), "ai:flight:result:{"+key+"}", "body").Result()
+	if body != "first" {
+		t.Fatalf("stored %q; want first", body)
+	}
+}
