@@ -1,6 +1,7 @@
 package singleflight
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"sync"
@@ -118,6 +119,33 @@ func (f *flight) finish(h Head, body []byte) {
 func (f *flight) finishWith(h Head, body []byte) {
 	f.resetGen(nil)
 	f.finish(h, body)
+}
+
+// continueWith ends the current generation with its whole answer, of which the log holds
+// a prefix: the rest is appended, and readers go on without a break. It reports false, and
+// changes nothing, when the log's bytes are not a prefix of body.
+func (f *flight) continueWith(h Head, body []byte) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ended {
+		return true
+	}
+	off := 0
+	for _, c := range f.chunks {
+		if off+len(c) > len(body) || !bytes.Equal(body[off:off+len(c)], c) {
+			return false
+		}
+		off += len(c)
+	}
+	if f.head == nil {
+		f.head = &h
+	}
+	if off < len(body) {
+		f.chunks = append(f.chunks, body[off:])
+	}
+	f.ended = true
+	f.broadcast()
+	return true
 }
 
 // finishHit ends the flight with a stored result made age ago.

@@ -91,7 +91,7 @@ func (r *remote) runningTTL() int64 {
 // decision is the answer of lookup or claim.
 type decision struct {
 	kind      string // hit, follow, claim, owner, changed, exhausted
-	token     string // follow: the owner's; claim: the one seen
+	token     string // follow: the owner's; claim: the one seen; hit: the one that stored it
 	remaining time.Duration
 	gen       string // stream ID of the generation's first entry
 	attempt   int
@@ -107,7 +107,7 @@ func (r *remote) lookup(ctx context.Context, key string, noCache bool, candidate
 	k := r.keys(key)
 	o := r.g.opts
 	v, err := lookupScript.Run(ctx, r.rdb, []string{k.meta, k.result, k.stream},
-		flag(noCache), candidate, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL()).Slice()
+		flag(noCache), candidate, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.Linger.Milliseconds()).Slice()
 	if err != nil {
 		return decision{}, r.redisErr("lookup", err)
 	}
@@ -117,6 +117,7 @@ func (r *remote) lookup(ctx context.Context, key string, noCache bool, candidate
 		d.head, err = decodeHead(str(v, 1), str(v, 2))
 		d.body = []byte(str(v, 3))
 		d.age = time.Duration(num(v, 4)) * time.Millisecond
+		d.token = str(v, 5)
 	case "follow":
 		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
 	case "claim":
@@ -148,11 +149,14 @@ func (r *remote) newToken(ctx context.Context) (string, error) {
 	return strconv.FormatInt(seq, 10) + "-" + r.g.opts.InstanceID + "-" + strconv.FormatUint(r.local.Add(1), 10), nil
 }
 
-func (r *remote) claim(ctx context.Context, key, token, seen string, fresh bool) (decision, error) {
+// claim takes the flight over with token, if its meta is still what the lookup seen
+// answered: the same token in the same state.
+func (r *remote) claim(ctx context.Context, key, token string, seen decision, fresh bool) (decision, error) {
 	k := r.keys(key)
 	o := r.g.opts
 	v, err := claimScript.Run(ctx, r.rdb, []string{k.meta, k.stream},
-		token, seen, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.MaxAttempts, flag(fresh)).Slice()
+		token, seen.token, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.MaxAttempts, flag(fresh),
+		seenState[seen.reason], o.Linger.Milliseconds()).Slice()
 	if err != nil {
 		return decision{}, r.redisErr("claim", err)
 	}
@@ -168,6 +172,9 @@ func (r *remote) claim(ctx context.Context, key, token, seen string, fresh bool)
 	}
 	return d, err
 }
+
+// seenState is the meta state a lookup's claim reason stands for.
+var seenState = map[string]string{"absent": "", "expired": "R", "failed": "F", "done": "D"}
 
 // redisErr reports a failed command and returns err. An error that says Redis cannot be
 // used (network, timeouts, a server loading or failing over) degrades the Group at once,

@@ -25,15 +25,17 @@ func (p *position) switchTo(f *flight, d decision) {
 }
 
 // serveHit ends f with the stored answer d found, and keeps it in this process. A flight
-// that was following an attempt gives that generation up for it (its done entry never
-// reached us); one that followed nothing is a hit.
-func (r *remote) serveHit(f *flight, d decision, following bool) {
+// that was following the attempt that stored it finishes that same answer: its readers go
+// on from where they are. One that followed another attempt gives that generation up for
+// it; one that followed nothing is a hit.
+func (r *remote) serveHit(f *flight, d decision, pos *position) {
 	r.g.keep(f.key, d.head, d.body, d.age)
-	if following {
+	switch {
+	case pos.token == "":
+		f.finishHit(d.head, d.body, d.age)
+	case d.token != pos.token || !f.continueWith(d.head, d.body):
 		f.finishWith(d.head, d.body)
-		return
 	}
-	f.finishHit(d.head, d.body, d.age)
 }
 
 // lead runs one local flight against Redis: look up, then serve a hit, follow the owner,
@@ -98,7 +100,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 		switch d.kind {
 		case "hit":
 			role(RoleHit)
-			r.serveHit(f, d, pos.token != "")
+			r.serveHit(f, d, &pos)
 			return
 		case "follow":
 			role(RoleFollower)
@@ -168,7 +170,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			if g.hooks.beforeClaim != nil {
 				g.hooks.beforeClaim()
 			}
-			c, err = r.claim(ctx, f.key, token, d.token, fresh)
+			c, err = r.claim(ctx, f.key, token, d, fresh)
 			if err != nil {
 				local = true
 				continue
@@ -271,20 +273,31 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 			}
 			switch {
 			case d.kind == "follow" && d.token == pos.token:
-				deadline = time.Now().Add(d.remaining)
-			case d.kind == "follow": // a new owner whose first entry we have not read
-				pos.switchTo(f, d)
-				deadline = time.Now().Add(d.remaining)
-			case d.kind == "hit":
-				r.serveHit(f, d, true)
-				return followEnd{kind: followDone}
-			case (d.reason == "failed" || d.reason == "done") && d.token == pos.token && recheck < 2:
-				recheck++ // its last entry was written after our read: read it
+				deadline, recheck = time.Now().Add(d.remaining), 0
 				continue
-			default:
+			case d.kind == "hit" && d.token == pos.token:
+				r.serveHit(f, d, pos) // our attempt's own answer: readers go on where they are
+				return followEnd{kind: followDone}
+			case d.kind == "claim" && d.reason == "expired" && d.token == pos.token:
 				return followEnd{kind: followExpired}
+			case recheck < 2:
+				// Our attempt ended, or another began. The stream says which, in order:
+				// read what follows our position before believing the meta. An attempt
+				// that finished wrote its end before any later generation's first entry.
+				recheck++
+				deadline = time.Now()
+				continue
 			}
-			continue
+			switch d.kind {
+			case "hit": // our attempt's entries are gone (trimmed, or lost with a failover)
+				r.serveHit(f, d, pos)
+				return followEnd{kind: followDone}
+			case "follow":
+				pos.switchTo(f, d)
+				deadline, recheck = time.Now().Add(d.remaining), 0
+				continue
+			}
+			return followEnd{kind: followExpired}
 		}
 		for _, s := range streams {
 			for _, m := range s.Messages {
@@ -296,7 +309,8 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 		if r.g.hooks.afterEntries != nil {
 			r.g.hooks.afterEntries()
 		}
-		deadline = time.Now().Add(r.g.opts.LeaseTTL) // the owner is alive and writing
+		// The owner is alive and writing.
+		deadline, recheck = time.Now().Add(r.g.opts.LeaseTTL), 0
 	}
 }
 
@@ -309,7 +323,7 @@ func (r *remote) apply(f *flight, pos *position, m redis.XMessage) (followEnd, b
 		if t == "gen" { // a takeover: a new generation starts here
 			f.startGen(RoleFollower, false)
 			a, _ := strconv.Atoi(val(m, "a"))
-			pos.token, pos.n, pos.attempt = tok, 1, a
+			pos.token, pos.n, pos.attempt, pos.lost = tok, 1, a, false
 		}
 		return followEnd{}, false
 	}
@@ -318,10 +332,10 @@ func (r *remote) apply(f *flight, pos *position, m redis.XMessage) (followEnd, b
 	}
 	n, _ := strconv.Atoi(val(m, "n"))
 	if n != pos.n && !pos.lost {
-		// Entries are missing (trimmed): this generation cannot be streamed. Wait for
-		// its end, then take the stored answer or call again.
+		// Entries are missing (trimmed): this generation cannot be streamed. Wait for its
+		// end, then finish from the stored answer (readers go on where they are) or give
+		// the generation up and call again.
 		pos.lost = true
-		f.resetGen(nil)
 	}
 	pos.n = n + 1
 	if pos.lost {

@@ -11,7 +11,9 @@ end
 if (tonumber(m[3]) or 0) >= tonumber(ARGV[2]) then
   return 1
 end
-if redis.call('XLEN', KEYS[2]) >= tonumber(ARGV[7]) then
+-- The cap counts this generation's entries (its gen entry and n batches), not the
+-- finished generations still kept for their followers.
+if (tonumber(m[3]) or 0) + 1 >= tonumber(ARGV[7]) then
   return 2
 end
 if ARGV[3] ~= '' then

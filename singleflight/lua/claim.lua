@@ -3,6 +3,7 @@
 -- ARGV[1] token (new, from INCR owner-seq + instance id)  ARGV[2] seen_token ('' = absent)
 -- ARGV[3] owner (instance id)  ARGV[4] lease_ms  ARGV[5] ttl_ms  ARGV[6] max_attempts
 -- ARGV[7] fresh ("1": a new caller, may restart the attempt count of a flight that gave up)
+-- ARGV[8] seen_state (R, F, D; '' = absent)  ARGV[9] linger_ms
 -- returns {"owner", attempt, gen_id}
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt}
 --      or {"changed"}     the meta moved on since the claimer looked: look again
@@ -18,7 +19,9 @@ end
 if m[1] == 'R' and tonumber(m[3]) > now then
   return {'follow', m[2], tonumber(m[3]) - now, m[5], tonumber(m[4])}
 end
-if (m[2] or '') ~= ARGV[2] then
+-- Compare-and-set on what the claimer saw, state included: an owner that completed since
+-- (complete.lua keeps its token) must not be claimed over, its answer asked a second time.
+if (m[2] or '') ~= ARGV[2] or (m[1] or '') ~= ARGV[8] then
   return {'changed'}
 end
 
@@ -34,8 +37,9 @@ if m[1] == 'R' or m[1] == 'F' then
 end
 
 local gen = redis.call('XADD', KEYS[2], '*', 't', 'gen', 'tok', ARGV[1], 'a', attempt)
--- Older generations are over: only the new one is kept (its readers start at gen).
-redis.call('XTRIM', KEYS[2], 'MINID', gen)
+-- Older generations are over, but their followers may be between two reads: they stay
+-- for linger (stream IDs are this server's time); new readers start at gen.
+redis.call('XTRIM', KEYS[2], 'MINID', now - tonumber(ARGV[9]))
 redis.call('HSET', KEYS[1], 'state', 'R', 'token', ARGV[1], 'owner', ARGV[3],
   'lease_until', now + tonumber(ARGV[4]), 'attempt', attempt, 'created', now, 'gen', gen, 'n', 0)
 redis.call('PEXPIRE', KEYS[1], ARGV[5])

@@ -4,8 +4,8 @@
 -- after the takeover jitter.
 -- KEYS[1] meta  KEYS[2] result  KEYS[3] stream
 -- ARGV[1] no_cache ("1": ignore a stored result)  ARGV[2] candidate token ('' = look only)
--- ARGV[3] owner (instance id)  ARGV[4] lease_ms  ARGV[5] ttl_ms
--- returns {"hit", status, header, body, age_ms}
+-- ARGV[3] owner (instance id)  ARGV[4] lease_ms  ARGV[5] ttl_ms  ARGV[6] linger_ms
+-- returns {"hit", status, header, body, age_ms, token}          token: of the attempt that stored it
 --      or {"owner", attempt, gen_id}                         claimed with the candidate
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt}
 --      or {"claim", seen_token, attempt, reason, gen_id}     reason: absent | expired | failed | done
@@ -14,9 +14,9 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 if ARGV[1] ~= '1' then
-  local r = redis.call('HMGET', KEYS[2], 'status', 'header', 'body', 'at')
+  local r = redis.call('HMGET', KEYS[2], 'status', 'header', 'body', 'at', 'token')
   if r[1] then
-    return {'hit', r[1], r[2], r[3], now - tonumber(r[4])}
+    return {'hit', r[1], r[2], r[3], now - tonumber(r[4]), r[5] or ''}
   end
 end
 
@@ -27,7 +27,9 @@ if cand ~= '' and m[2] == cand then
 end
 if cand ~= '' and (not m[1] or m[1] == 'D') then
   local gen = redis.call('XADD', KEYS[3], '*', 't', 'gen', 'tok', cand, 'a', 1)
-  redis.call('XTRIM', KEYS[3], 'MINID', gen)
+  -- The finished generation stays readable for linger: its followers may be between two
+  -- reads. Only what is older than that goes (stream IDs are this server's time).
+  redis.call('XTRIM', KEYS[3], 'MINID', now - tonumber(ARGV[6]))
   redis.call('HSET', KEYS[1], 'state', 'R', 'token', cand, 'owner', ARGV[3],
     'lease_until', now + tonumber(ARGV[4]), 'attempt', 1, 'created', now, 'gen', gen, 'n', 0)
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
