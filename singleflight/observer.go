@@ -19,11 +19,13 @@ const (
 	EventFencedWrite                          // a stale owner's write was refused (Op)
 	EventHeartbeatFailed                      // a renewal failed for other reasons than fencing (Err)
 	EventRedisError                           // a Redis command failed (Op, Err)
-	EventDegraded                             // Redis stopped answering: local-only dedupe
-	EventRecovered                            // Redis answers again: distributed dedupe
+	EventDegraded                             // a Redis shard stopped answering: its flights go local-only (Op: the first shard)
+	EventRecovered                            // every Redis shard answers again: distributed dedupe everywhere
 	EventFlightStart                          // a local flight started
 	EventFlightEnd                            // a local flight ended
 	EventWait                                 // a follower's wait for a remote owner ended (Duration)
+	EventShardDown                            // one Redis shard cannot be used (Op: its master's address; "" = all of Redis)
+	EventShardUp                              // that shard answers again (Op)
 )
 
 // Event is one thing that happened. Only the fields its kind names are set.

@@ -60,12 +60,14 @@ type remote struct {
 	seqMu           sync.Mutex
 	seqNext, seqEnd int64 // the reserved block of owner-seq numbers not used yet: [next, end]
 
-	mu      sync.Mutex // guards probing, and changes of Group.degraded
-	probing bool
+	mu           sync.Mutex      // guards down and probing, and changes of Group.degraded
+	down         map[string]bool // shards (see shard) that failed and are not answering yet
+	probing      bool
+	seqDownUntil time.Time // owner-seq failed: tokens go without a new number until then
 }
 
 func newRemote(g *Group) *remote {
-	return &remote{g: g, rdb: g.opts.Redis, block: g.opts.BlockingRedis, maxBlock: time.Second}
+	return &remote{g: g, rdb: g.opts.Redis, block: g.opts.BlockingRedis, maxBlock: time.Second, down: map[string]bool{}}
 }
 
 // keys of one flight: one hash tag, so that one script may touch all three in a Cluster.
@@ -109,7 +111,7 @@ func (r *remote) lookup(ctx context.Context, key string, noCache bool, candidate
 	v, err := lookupScript.Run(ctx, r.rdb, []string{k.meta, k.result, k.stream},
 		flag(noCache), candidate, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.Linger.Milliseconds()).Slice()
 	if err != nil {
-		return decision{}, r.redisErr("lookup", err)
+		return decision{}, r.redisErr("lookup", key, err)
 	}
 	d := decision{kind: str(v, 0)}
 	switch d.kind {
@@ -134,19 +136,28 @@ func (r *remote) lookup(ctx context.Context, key string, noCache bool, candidate
 // the owner-seq counter (from a block reserved with INCRBY), made unique by the instance id
 // and a local counter, because after a failover the counter can hand out a number again.
 // A token offered to a lookup that did not claim is simply never used.
-func (r *remote) newToken(ctx context.Context) (string, error) {
+//
+// Scripts compare whole tokens for equality, never their numbers' order, so when owner-seq
+// cannot be reached (its Cluster shard is failing over) tokens go on with the last number
+// reserved: still unique, and flights on the healthy shards keep their distributed dedupe.
+func (r *remote) newToken(ctx context.Context) string {
 	r.seqMu.Lock()
 	defer r.seqMu.Unlock()
-	if r.seqNext == 0 || r.seqNext > r.seqEnd {
+	if (r.seqNext == 0 || r.seqNext > r.seqEnd) && time.Now().After(r.seqDownUntil) {
 		end, err := incrScript.Run(ctx, r.rdb, []string{r.seqKey()}, seqBlock, seqTTL.Milliseconds()).Int64()
-		if err != nil {
-			return "", r.redisErr("incr", err)
+		if err == nil {
+			r.seqNext, r.seqEnd = end-seqBlock+1, end
+		} else if !errors.Is(err, context.Canceled) {
+			r.g.observe(Event{Kind: EventRedisError, Op: "incr", Err: err})
+			r.seqDownUntil = time.Now().Add(time.Second) // not a dial timeout per new flight
 		}
-		r.seqNext, r.seqEnd = end-seqBlock+1, end
 	}
-	seq := r.seqNext
-	r.seqNext++
-	return strconv.FormatInt(seq, 10) + "-" + r.g.opts.InstanceID + "-" + strconv.FormatUint(r.local.Add(1), 10), nil
+	seq := r.seqEnd
+	if r.seqNext != 0 && r.seqNext <= r.seqEnd {
+		seq = r.seqNext
+		r.seqNext++
+	}
+	return strconv.FormatInt(seq, 10) + "-" + r.g.opts.InstanceID + "-" + strconv.FormatUint(r.local.Add(1), 10)
 }
 
 // claim takes the flight over with token, if its meta is still what the lookup seen
@@ -158,7 +169,7 @@ func (r *remote) claim(ctx context.Context, key, token string, seen decision, fr
 		token, seen.token, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.MaxAttempts, flag(fresh),
 		seenState[seen.reason], o.Linger.Milliseconds()).Slice()
 	if err != nil {
-		return decision{}, r.redisErr("claim", err)
+		return decision{}, r.redisErr("claim", key, err)
 	}
 	d := decision{kind: str(v, 0)}
 	switch d.kind {
@@ -176,16 +187,16 @@ func (r *remote) claim(ctx context.Context, key, token string, seen decision, fr
 // seenState is the meta state a lookup's claim reason stands for.
 var seenState = map[string]string{"absent": "", "expired": "R", "failed": "F", "done": "D"}
 
-// redisErr reports a failed command and returns err. An error that says Redis cannot be
-// used (network, timeouts, a server loading or failing over) degrades the Group at once,
-// so that no request waits for its own timeout to find out.
-func (r *remote) redisErr(op string, err error) error {
+// redisErr reports a failed command on key's flight and returns err. An error that says
+// Redis cannot be used (network, timeouts, a server loading or failing over) degrades the
+// shard that holds key at once, so that no request waits for its own timeout to find out.
+func (r *remote) redisErr(op, key string, err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err
 	}
 	r.g.observe(Event{Kind: EventRedisError, Op: op, Err: err})
 	if unavailable(err) {
-		r.degrade()
+		r.degrade(r.shard(key))
 	}
 	return err
 }
@@ -206,64 +217,6 @@ func unavailable(err error) bool {
 		return false
 	}
 	return true
-}
-
-// degrade switches the Group to local-only dedupe until Redis answers a PING again, on
-// both clients. degraded and probing change together under one lock, so that a failure
-// reported while a probe is ending always leaves a probe running.
-func (r *remote) degrade() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.g.degraded.Load() {
-		return
-	}
-	r.g.degraded.Store(true)
-	r.g.observe(Event{Kind: EventDegraded})
-	if r.probing {
-		return
-	}
-	r.g.mu.Lock()
-	closed := r.g.closed
-	if !closed {
-		r.g.wg.Add(1)
-	}
-	r.g.mu.Unlock()
-	if closed {
-		return
-	}
-	r.probing = true
-	go r.probe()
-}
-
-// probe pings Redis until it answers, then ends degraded mode.
-func (r *remote) probe() {
-	defer r.g.wg.Done()
-	t := time.NewTicker(250 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-r.g.ctx.Done():
-			r.mu.Lock()
-			r.probing = false
-			r.mu.Unlock()
-			return
-		case <-t.C:
-		}
-		ctx, cancel := context.WithTimeout(r.g.ctx, time.Second)
-		err := r.rdb.Ping(ctx).Err()
-		if err == nil && r.block != r.rdb {
-			err = r.block.Ping(ctx).Err()
-		}
-		cancel()
-		if err == nil {
-			r.mu.Lock()
-			r.probing = false
-			r.g.degraded.Store(false)
-			r.g.observe(Event{Kind: EventRecovered})
-			r.mu.Unlock()
-			return
-		}
-	}
 }
 
 func flag(b bool) string {

@@ -65,7 +65,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 		return attempt >= g.opts.MaxAttempts || failures >= g.opts.MaxAttempts
 	}
 	for ctx.Err() == nil {
-		if local || g.degraded.Load() {
+		if local || r.degradedFor(f.key) {
 			g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "degraded"})
 			role(RoleOwner)
 			g.leadLocal(ctx, f, failures+1)
@@ -78,10 +78,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			err       error
 		)
 		if pos.last == "" || streamTried {
-			if candidate, err = r.newToken(ctx); err != nil {
-				local = true
-				continue
-			}
+			candidate = r.newToken(ctx)
 		}
 		d, err := r.lookup(ctx, f.key, f.noCache, candidate)
 		if err != nil {
@@ -162,11 +159,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 				contended = true
 				continue
 			}
-			token, err = r.newToken(ctx)
-			if err != nil {
-				local = true
-				continue
-			}
+			token = r.newToken(ctx)
 			if g.hooks.beforeClaim != nil {
 				g.hooks.beforeClaim()
 			}
@@ -197,7 +190,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			}
 			reason, fresh = "", false
 			pos = position{token: token}
-			o := &remoteOwnership{r: r, k: r.keys(f.key), token: token}
+			o := &remoteOwnership{r: r, key: f.key, k: r.keys(f.key), token: token}
 			end, res, _ := g.own(ctx, f, o)
 			switch end {
 			case attemptDone:
@@ -262,7 +255,7 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 		}
 		if err != nil {
 			if !errors.Is(err, redis.Nil) {
-				r.redisErr("xread", err) // e.g. UNBLOCKED or MOVED by a failover: check again
+				r.redisErr("xread", f.key, err) // e.g. UNBLOCKED or MOVED by a failover: check again
 			}
 			if r.g.hooks.readGap != nil {
 				r.g.hooks.readGap()

@@ -13,6 +13,7 @@ var errStreamFull = errors.New("singleflight: stream full")
 // remoteOwnership is one owned attempt in Redis: every write is fenced by token.
 type remoteOwnership struct {
 	r     *remote
+	key   string
 	k     flightKeys
 	token string
 }
@@ -22,7 +23,7 @@ func (o *remoteOwnership) remote() bool { return true }
 // fenced turns a script's 0 into ErrLeaseLost.
 func (o *remoteOwnership) fenced(op string, v int64, err error) error {
 	if err != nil {
-		return o.r.redisErr(op, err)
+		return o.r.redisErr(op, o.key, err)
 	}
 	if v == 0 {
 		return ErrLeaseLost

@@ -146,8 +146,16 @@ type logObserver struct {
 func (o *logObserver) Observe(e singleflight.Event) {
 	o.next.Observe(e)
 	switch e.Kind {
-	case singleflight.EventDegraded:
-		o.log.Warn("redis unavailable: serving with local-only dedupe until it answers")
+	case singleflight.EventShardDown:
+		if e.Op == "" {
+			o.log.Warn("redis unavailable: serving with local-only dedupe until it answers")
+		} else {
+			o.log.Warn("redis cluster shard unavailable: its keys get local-only dedupe until it answers or fails over", "shard", e.Op)
+		}
+	case singleflight.EventShardUp:
+		if e.Op != "" {
+			o.log.Info("redis cluster shard usable again", "shard", e.Op)
+		}
 	case singleflight.EventRecovered:
 		o.log.Info("redis answers again: distributed dedupe resumed")
 	case singleflight.EventTakeover:

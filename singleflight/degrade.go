@@ -1,0 +1,149 @@
+package singleflight
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// When Redis fails, the Group fails open: flights whose Redis cannot be used run in this
+// process alone, and a probe watches until it answers again. In a Cluster the unit is the
+// shard (the master that holds a key's slot), not the whole Redis: a failing-over shard
+// sends only its own keys local, and flights on the healthy shards keep their distributed
+// dedupe. Standalone and Sentinel have one shard, named "".
+
+// shard names the Redis server that holds key's flight: the address of its slot's master
+// in a Cluster, "" for standalone and Sentinel, where one server holds everything, or when
+// the Cluster's layout is not known.
+func (r *remote) shard(key string) string {
+	c, ok := r.rdb.(*redis.ClusterClient)
+	if !ok {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(r.g.ctx, time.Second)
+	defer cancel()
+	m, err := c.MasterForKey(ctx, r.keys(key).meta) // the layout this client holds: no I/O once known
+	if err != nil {
+		return ""
+	}
+	return m.Options().Addr
+}
+
+// degradedFor reports whether key's flights must run local-only now.
+func (r *remote) degradedFor(key string) bool {
+	if !r.g.degraded.Load() {
+		return false
+	}
+	r.mu.Lock()
+	all := r.down[""]
+	n := len(r.down)
+	r.mu.Unlock()
+	if all || n == 0 {
+		return all
+	}
+	s := r.shard(key)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.down[s] || r.down[""]
+}
+
+// degrade marks shard unusable until a probe finds it answering. Group.degraded says
+// whether any shard is down; it, down and probing change together under one lock, so that
+// a failure reported while a probe is ending always leaves a probe running.
+func (r *remote) degrade(shard string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.down[shard] {
+		return
+	}
+	r.down[shard] = true
+	r.g.observe(Event{Kind: EventShardDown, Op: shard})
+	if !r.g.degraded.Load() {
+		r.g.degraded.Store(true)
+		r.g.observe(Event{Kind: EventDegraded, Op: shard})
+	}
+	if r.probing {
+		return
+	}
+	r.g.mu.Lock()
+	closed := r.g.closed
+	if !closed {
+		r.g.wg.Add(1)
+	}
+	r.g.mu.Unlock()
+	if closed {
+		return
+	}
+	r.probing = true
+	go r.probe()
+}
+
+// probe checks the shards that are down every 250 ms until none is.
+func (r *remote) probe() {
+	defer r.g.wg.Done()
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.g.ctx.Done():
+			r.mu.Lock()
+			r.probing = false
+			r.mu.Unlock()
+			return
+		case <-t.C:
+		}
+		up := r.answering()
+		r.mu.Lock()
+		for s := range r.down {
+			if up(s) {
+				delete(r.down, s)
+				r.g.observe(Event{Kind: EventShardUp, Op: s})
+			}
+		}
+		if len(r.down) == 0 {
+			r.probing = false
+			r.g.degraded.Store(false)
+			r.g.observe(Event{Kind: EventRecovered})
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Unlock()
+	}
+}
+
+// answering asks Redis which shards answer now. The whole Redis ("") answers when a PING
+// on both clients does. In a Cluster, a shard answers when its master answers a PING, or
+// when it is no master any more: its slots moved to a promoted replica, which a reloaded
+// layout names instead.
+func (r *remote) answering() func(shard string) bool {
+	ctx, cancel := context.WithTimeout(r.g.ctx, time.Second)
+	defer cancel()
+	ping := func(c redis.UniversalClient) bool { return c.Ping(ctx).Err() == nil }
+	whole := ping(r.rdb) && (r.block == r.rdb || ping(r.block))
+	c, ok := r.rdb.(*redis.ClusterClient)
+	if !ok {
+		return func(string) bool { return whole }
+	}
+	if b, ok := r.block.(*redis.ClusterClient); ok && b != c {
+		b.ReloadState(ctx)
+	}
+	var mu sync.Mutex
+	masters := map[string]bool{} // address → answers
+	// ForEachMaster reloads the layout first, so that a promoted replica is seen.
+	_ = c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		err := m.Ping(ctx).Err()
+		mu.Lock()
+		masters[m.Options().Addr] = err == nil
+		mu.Unlock()
+		return err
+	})
+	return func(shard string) bool {
+		if shard == "" {
+			return whole
+		}
+		ok, isMaster := masters[shard]
+		return ok || !isMaster && len(masters) > 0
+	}
+}
