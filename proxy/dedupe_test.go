@@ -68,6 +68,29 @@ func waitWaiting(t *testing.T, ins []*instance, n int) {
 	}
 }
 
+// waitRoles waits until n local flights over ins had their role decided: each has looked
+// its key up in Redis. A request counted as waiting may not have yet, and one that looks
+// only after the flight ended (an answer not stored) rightly starts a new call.
+func waitRoles(t *testing.T, ins []*instance, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := 0.0
+		for _, in := range ins {
+			for _, role := range []string{"owner", "follower", "hit"} {
+				got += value(t, in.Reg, "llm_dedupe_flight_roles_total", map[string]string{"role": role})
+			}
+		}
+		if int(got) >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v flights with a role after 20s; want %d", got, n)
+		}
+		time.Sleep(5 * time.Millisecond) // the counter has no change notification over HTTP
+	}
+}
+
 func backends(t *testing.T) map[string]*redistest.Server {
 	return map[string]*redistest.Server{"memory": nil, "redis": redistest.Start(t)}
 }
@@ -177,6 +200,7 @@ func TestOutcomePolicy(t *testing.T) {
 			done := make(chan []answer)
 			go func() { done <- burst(t, ins, 3, "/v1/chat/completions", body) }()
 			waitWaiting(t, ins, 3)
+			waitRoles(t, ins, len(ins))
 			up.Release()
 			as := <-done
 			owners := 0
