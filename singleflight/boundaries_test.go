@@ -215,3 +215,52 @@ func TestClaimAfterOwnerCompletedGetsTheAnswer(t *testing.T) {
 		t.Fatalf("stored %q; want first", body)
 	}
 }
+
+// Redis loses a running flight (a restart without persistence, a failover to a replica that
+// had not received the claim): the owner puts its meta back with its next renewal, while
+// its lease runs, so that a new identical request follows it instead of calling again, and
+// a follower that already streams bytes of it reads on. (The new request cannot read the
+// lost entries: it gets the answer whole, when it is stored.)
+func TestOwnerRestoresLostFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	o := Options{LeaseTTL: 600 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, BatchDelay: time.Millisecond, ResultTTL: time.Minute}
+	a, bg, cg := b.group(t, o), b.group(t, o), b.group(t, o)
+	key := uniqueKey()
+	s := newStreamer(3)
+	var calls atomic.Int32
+	fn := func(ctx context.Context, w *Writer) (Result, error) {
+		calls.Add(1)
+		return s.fn(ctx, w)
+	}
+	ra, _ := a.Do(key, false, fn)
+	ownerOut := readStream(context.Background(), ra)
+	<-s.first
+	rc, _ := cg.Do(key, false, fn)
+	early := readStream(context.Background(), rc)
+	<-early.first
+
+	ctx := context.Background()
+	rdb := srv.Client()
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatalf("FLUSHALL: %v", err)
+	}
+	meta := "ai:flight:meta:{" + key + "}"
+	deadline := time.Now().Add(5 * time.Second)
+	for rdb.Exists(ctx, meta).Val() == 0 { // no event tells a test that a script ran
+		if time.Now().After(deadline) {
+			t.Fatal("the owner did not put its lost flight back within 5s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	late := readStream(ctx, func() *Reader { r, _ := bg.Do(key, false, fn); return r }())
+	close(s.hold)
+	for name, sr := range map[string]*streamReader{"owner": ownerOut, "early follower": early, "late follower": late} {
+		if out := <-sr.done; out.err != nil || out.body != s.transcript() {
+			t.Errorf("%s got (%q, %v); want (%q, nil)", name, out.body, out.err, s.transcript())
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d upstream calls; want 1", n)
+	}
+}

@@ -31,13 +31,15 @@ var (
 	failSrc string
 	//go:embed lua/incr.lua
 	incrSrc string
+	//go:embed lua/restore.lua
+	restoreSrc string
 
 	lookupScript   = redis.NewScript(lookupSrc)
 	claimScript    = redis.NewScript(claimSrc)
-	renewScript    = redis.NewScript(renewSrc)
-	appendScript   = redis.NewScript(appendSrc)
-	completeScript = redis.NewScript(completeSrc)
-	failScript     = redis.NewScript(failSrc)
+	renewScript    = redis.NewScript(restoreSrc + renewSrc)
+	appendScript   = redis.NewScript(restoreSrc + appendSrc)
+	completeScript = redis.NewScript(restoreSrc + completeSrc)
+	failScript     = redis.NewScript(restoreSrc + failSrc)
 	incrScript     = redis.NewScript(incrSrc)
 )
 
@@ -97,6 +99,7 @@ type decision struct {
 	remaining time.Duration
 	gen       string // stream ID of the generation's first entry
 	attempt   int
+	until     int64  // owner: lease_until, Redis time in ms
 	reason    string // claim: absent, expired, failed, done
 	head      Head   // hit
 	body      []byte // hit
@@ -125,7 +128,7 @@ func (r *remote) lookup(ctx context.Context, key string, noCache bool, candidate
 	case "claim":
 		d.token, d.attempt, d.reason, d.gen = str(v, 1), int(num(v, 2)), str(v, 3), str(v, 4)
 	case "owner":
-		d.token, d.attempt, d.gen = candidate, int(num(v, 1)), str(v, 2)
+		d.token, d.attempt, d.gen, d.until = candidate, int(num(v, 1)), str(v, 2), num(v, 3)
 	default:
 		err = fmt.Errorf("singleflight: lookup: unexpected answer %q", d.kind)
 	}
@@ -174,7 +177,7 @@ func (r *remote) claim(ctx context.Context, key, token string, seen decision, fr
 	d := decision{kind: str(v, 0)}
 	switch d.kind {
 	case "owner":
-		d.token, d.attempt, d.gen = token, int(num(v, 1)), str(v, 2)
+		d.token, d.attempt, d.gen, d.until = token, int(num(v, 1)), str(v, 2), num(v, 3)
 	case "follow":
 		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
 	case "changed", "exhausted":

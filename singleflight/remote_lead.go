@@ -190,7 +190,8 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			}
 			reason, fresh = "", false
 			pos = position{token: token}
-			o := &remoteOwnership{r: r, key: f.key, k: r.keys(f.key), token: token}
+			c.token = token
+			o := newRemoteOwnership(r, f.key, c)
 			end, res, _ := g.own(ctx, f, o)
 			switch end {
 			case attemptDone:
@@ -242,7 +243,8 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 	start := time.Now()
 	defer func() { r.g.observe(Event{Kind: EventWait, Key: f.key, Duration: time.Since(start)}) }()
 	k := r.keys(f.key)
-	deadline := time.Now().Add(remaining)
+	deadline := time.Now().Add(remaining) // of this read: the lease's end, or sooner to re-read
+	leaseEnd := deadline                  // when the owner's lease runs out, as far as we know
 	recheck := 0
 	if r.g.hooks.beforeFollow != nil {
 		r.g.hooks.beforeFollow()
@@ -267,6 +269,13 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 			switch {
 			case d.kind == "follow" && d.token == pos.token:
 				deadline, recheck = time.Now().Add(d.remaining), 0
+				leaseEnd = deadline
+				continue
+			case d.kind == "claim" && d.reason == "absent" && time.Now().Before(leaseEnd):
+				// Redis lost the flight (a restart without persistence, a failover): its
+				// owner puts it back with its next write while its lease runs (restore.lua).
+				// Until the lease would have run out, that is worth waiting for.
+				deadline = leaseEnd
 				continue
 			case d.kind == "hit" && d.token == pos.token:
 				r.serveHit(f, d, pos) // our attempt's own answer: readers go on where they are
@@ -288,6 +297,7 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 			case "follow":
 				pos.switchTo(f, d)
 				deadline, recheck = time.Now().Add(d.remaining), 0
+				leaseEnd = deadline
 				continue
 			}
 			return followEnd{kind: followExpired}
@@ -304,6 +314,7 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 		}
 		// The owner is alive and writing.
 		deadline, recheck = time.Now().Add(r.g.opts.LeaseTTL), 0
+		leaseEnd = deadline
 	}
 }
 

@@ -4,19 +4,42 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync/atomic"
 )
 
 // errStreamFull says the flight's stream holds StreamMaxLen entries: the owner stops
 // appending, and its final write carries the rest.
 var errStreamFull = errors.New("singleflight: stream full")
 
-// remoteOwnership is one owned attempt in Redis: every write is fenced by token.
+// remoteOwnership is one owned attempt in Redis: every write is fenced by token. Each
+// write also carries what restore.lua needs to put the flight's meta back if Redis lost it
+// while this owner's lease runs: the lease_until Redis last gave it, and the batches sent.
 type remoteOwnership struct {
-	r     *remote
-	key   string
-	k     flightKeys
-	token string
+	r       *remote
+	key     string
+	k       flightKeys
+	token   string
+	attempt int
+	until   atomic.Int64 // lease_until, Redis time in ms; 0: unknown
+	n       atomic.Int64 // batches appended
 }
+
+func newRemoteOwnership(r *remote, key string, d decision) *remoteOwnership {
+	o := &remoteOwnership{r: r, key: key, k: r.keys(key), token: d.token, attempt: d.attempt}
+	o.until.Store(d.until)
+	return o
+}
+
+// restoreArgs are the last six arguments of every owner's write (see restore.lua).
+func (o *remoteOwnership) restoreArgs() []any {
+	until := ""
+	if u := o.until.Load(); u > 0 {
+		until = strconv.FormatInt(u, 10)
+	}
+	return []any{o.r.g.opts.InstanceID, o.attempt, until, o.n.Load(), o.r.g.opts.LeaseTTL.Milliseconds(), o.r.runningTTL()}
+}
+
+func (o *remoteOwnership) args(a ...any) []any { return append(a, o.restoreArgs()...) }
 
 func (o *remoteOwnership) remote() bool { return true }
 
@@ -34,7 +57,10 @@ func (o *remoteOwnership) fenced(op string, v int64, err error) error {
 func (o *remoteOwnership) renew(ctx context.Context) error {
 	opts := o.r.g.opts
 	v, err := renewScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream},
-		o.token, opts.LeaseTTL.Milliseconds(), o.r.runningTTL()).Int64()
+		o.args(o.token, opts.LeaseTTL.Milliseconds(), o.r.runningTTL())...).Int64()
+	if err == nil && v > 0 {
+		o.until.Store(v)
+	}
 	return o.fenced("renew", v, err)
 }
 
@@ -44,9 +70,12 @@ func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, da
 		status, header = strconv.Itoa(head.Status), encodeHeader(head.Header)
 	}
 	v, err := appendScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream},
-		o.token, n, status, header, data, o.r.runningTTL(), o.r.g.opts.StreamMaxLen).Int64()
+		o.args(o.token, n, status, header, data, o.r.runningTTL(), o.r.g.opts.StreamMaxLen)...).Int64()
 	if err == nil && v == 2 {
 		return errStreamFull
+	}
+	if err == nil && v == 1 {
+		o.n.Store(int64(n))
 	}
 	return o.fenced("append", v, err)
 }
@@ -54,8 +83,8 @@ func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, da
 func (o *remoteOwnership) complete(ctx context.Context, fin final) error {
 	opts := o.r.g.opts
 	v, err := completeScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream, o.k.result},
-		o.token, fin.landedN, fin.skip, fin.head.Status, encodeHeader(fin.head.Header), fin.tail, fin.transcript,
-		flag(fin.store), opts.ResultTTL.Milliseconds(), opts.Linger.Milliseconds()).Int64()
+		o.args(o.token, fin.landedN, fin.skip, fin.head.Status, encodeHeader(fin.head.Header), fin.tail, fin.transcript,
+			flag(fin.store), opts.ResultTTL.Milliseconds(), opts.Linger.Milliseconds())...).Int64()
 	return o.fenced("complete", v, err)
 }
 
@@ -65,6 +94,6 @@ func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) e
 		status = strconv.Itoa(res.Head.Status)
 	}
 	v, err := failScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream},
-		o.token, status, encodeHeader(res.Head.Header), res.Body, reason, o.r.runningTTL()).Int64()
+		o.args(o.token, status, encodeHeader(res.Head.Header), res.Body, reason, o.r.runningTTL())...).Int64()
 	return o.fenced("fail", v, err)
 }

@@ -4,7 +4,7 @@
 -- ARGV[3] owner (instance id)  ARGV[4] lease_ms  ARGV[5] ttl_ms  ARGV[6] max_attempts
 -- ARGV[7] fresh ("1": a new caller, may restart the attempt count of a flight that gave up)
 -- ARGV[8] seen_state (R, F, D; '' = absent)  ARGV[9] linger_ms
--- returns {"owner", attempt, gen_id}
+-- returns {"owner", attempt, gen_id, lease_until}
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt}
 --      or {"changed"}     the meta moved on since the claimer looked: look again
 --      or {"exhausted"}   no attempt left for this flight
@@ -14,7 +14,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until', 'attempt', 'gen')
 if m[2] == ARGV[1] then
-  return {'owner', tonumber(m[4]), m[5]}
+  return {'owner', tonumber(m[4]), m[5], tonumber(m[3])}
 end
 if m[1] == 'R' and tonumber(m[3]) > now then
   return {'follow', m[2], tonumber(m[3]) - now, m[5], tonumber(m[4])}
@@ -44,4 +44,4 @@ redis.call('HSET', KEYS[1], 'state', 'R', 'token', ARGV[1], 'owner', ARGV[3],
   'lease_until', now + tonumber(ARGV[4]), 'attempt', attempt, 'created', now, 'gen', gen, 'n', 0)
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
-return {'owner', attempt, gen}
+return {'owner', attempt, gen, now + tonumber(ARGV[4])}

@@ -8,6 +8,8 @@
 -- ARGV[7] transcript (the whole body)  ARGV[8] store ("1")  ARGV[9] result_ttl_ms
 -- ARGV[10] linger_ms
 -- returns 1 completed (or already completed by me: safe to run twice), 0 fenced
+-- then the six ARGV of restore.lua, which runs first
+restore(KEYS[1], KEYS[2], ARGV[1])
 local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'n')
 if m[2] ~= ARGV[1] then
   return 0

@@ -6,7 +6,7 @@
 -- ARGV[1] no_cache ("1": ignore a stored result)  ARGV[2] candidate token ('' = look only)
 -- ARGV[3] owner (instance id)  ARGV[4] lease_ms  ARGV[5] ttl_ms  ARGV[6] linger_ms
 -- returns {"hit", status, header, body, age_ms, token}          token: of the attempt that stored it
---      or {"owner", attempt, gen_id}                         claimed with the candidate
+--      or {"owner", attempt, gen_id, lease_until}            claimed with the candidate
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt}
 --      or {"claim", seen_token, attempt, reason, gen_id}     reason: absent | expired | failed | done
 -- Safe to run twice: a repeated lookup with my own candidate answers "owner" again.
@@ -23,7 +23,7 @@ end
 local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until', 'attempt', 'gen')
 local cand = ARGV[2]
 if cand ~= '' and m[2] == cand then
-  return {'owner', tonumber(m[4]), m[5]}
+  return {'owner', tonumber(m[4]), m[5], tonumber(m[3])}
 end
 if cand ~= '' and (not m[1] or m[1] == 'D') then
   local gen = redis.call('XADD', KEYS[3], '*', 't', 'gen', 'tok', cand, 'a', 1)
@@ -34,7 +34,7 @@ if cand ~= '' and (not m[1] or m[1] == 'D') then
     'lease_until', now + tonumber(ARGV[4]), 'attempt', 1, 'created', now, 'gen', gen, 'n', 0)
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   redis.call('PEXPIRE', KEYS[3], ARGV[5])
-  return {'owner', 1, gen}
+  return {'owner', 1, gen, now + tonumber(ARGV[4])}
 end
 if not m[1] then
   return {'claim', '', 0, 'absent', ''}

@@ -1,14 +1,18 @@
 -- renew: extend the owner's lease.
 -- KEYS[1] meta  KEYS[2] stream
 -- ARGV[1] token  ARGV[2] lease_ms  ARGV[3] ttl_ms
--- returns 1 renewed, 0 not the owner (fenced: another owner took over, or the flight ended)
+-- returns the new lease_until (Redis time, ms), or 0: not the owner (fenced: another owner
+-- took over, or the flight ended)
+-- then the six ARGV of restore.lua, which runs first
+restore(KEYS[1], KEYS[2], ARGV[1])
 local m = redis.call('HMGET', KEYS[1], 'state', 'token')
 if m[1] ~= 'R' or m[2] ~= ARGV[1] then
   return 0
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[1], 'lease_until', now + tonumber(ARGV[2]))
+local lease_until = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'lease_until', lease_until)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
-return 1
+return lease_until
