@@ -59,9 +59,17 @@
 //     The meta lives LeaseTTL+Linger, so attempt survives an owner's death.
 //   - Fencing: a token is "seq-instance-local": a number of the owner-seq counter, the
 //     instance id and a per-process counter, because after a failover INCR can repeat a
-//     number. claim.lua is
-//     a compare-and-set on the token the claimer saw; renew, append, complete and fail
-//     compare the whole token and do nothing for anyone else.
+//     number. claim.lua is a compare-and-set on the token and the state the claimer saw
+//     (complete keeps the token, so a token alone cannot tell a flight that completed
+//     since); renew, append, complete and fail compare the whole token and do nothing for
+//     anyone else.
+//   - Restore: Redis can lose a running flight (a restart without persistence, a failover
+//     to a replica that had not received the claim). Every owner's write carries the
+//     lease_until Redis last gave it, and restore.lua, prepended to renew, append,
+//     complete and fail, puts an absent meta back while that lease runs by Redis's clock:
+//     within it nobody else can have owned and finished the flight, so no stale owner
+//     writes. A follower that finds its flight absent waits for this until the lease it
+//     knew of runs out.
 //   - Owner suicide: a refused renewal or append cancels the flight context with cause
 //     ErrLeaseLost; the local readers then follow the new owner. A complete refused at the
 //     end still serves the local readers (they hold a whole response), but the stored
@@ -75,13 +83,21 @@
 //     the follower reads after that concrete ID (never "$"). A blocked read is bounded by
 //     the remaining lease, then the meta is checked again; a read error (a failover's
 //     UNBLOCKED) checks again too.
+//   - The stream before the meta: when that check no longer says "running, same owner",
+//     the follower reads what follows its position before acting on it. A finished
+//     attempt wrote its end before any later generation's first entry, so a follower of
+//     an answer that completed always reads it to its end, whatever started since.
+//   - Same answer, no reset: a stored result carries the token that wrote it; a follower
+//     of that attempt finishes from it, appending only what its readers do not have yet.
 //   - No thundering herd: local coalescing makes one contender per process, and a contender
 //     waits a random part of TakeoverJitter, then looks again: the first to wake claims,
 //     the rest find a running owner and follow.
 //   - Blocking reads use Options.BlockingRedis, their own pool, so waiting never delays a
 //     heartbeat.
 //   - Everything expires: meta and stream LeaseTTL+Linger while running and Linger once
-//     done; the result ResultTTL; owner-seq a week (tokens stay unique without it).
+//     done; the result ResultTTL; owner-seq a week (tokens stay unique without it). A
+//     claim trims stream entries older than Linger (IDs are the server's milliseconds),
+//     never the generation that just ended: its followers may be between two reads.
 //   - Owner code never hangs a follower: a panic is recovered and fails the attempt.
 //
 // # Outcomes
@@ -97,13 +113,19 @@
 // What the owner writes reaches local readers at once and the stream in batches of at most
 // BatchDelay or BatchBytes. A new generation (takeover) resets the log: a reader that has
 // already delivered bytes of the old one gets ErrGenerationChanged; one that has not moves
-// on seamlessly. Streams are capped at StreamMaxLen entries; a follower that finds a gap in
-// the batch numbers treats the generation as lost rather than deliver a hole.
+// on seamlessly. A generation is capped at StreamMaxLen entries (the rest comes with the
+// final write); a follower that finds a gap in the batch numbers delivers no hole: it waits
+// for the end and finishes from the stored answer of the same token, or gives the
+// generation up.
 //
 // # When Redis fails
 //
-// A Redis error that says the server cannot be used degrades the Group: new flights run
-// local-only (one call per process), waiting followers take over locally, and a probe
-// PINGs until Redis answers, then distributed mode resumes by itself. Observer reports
-// EventDegraded and EventRecovered.
+// A Redis error that says the server cannot be used degrades the shard that holds the
+// flight's key (in a Cluster, the master of its slot; otherwise all of Redis): new flights
+// of that shard run local-only (one call per process), its waiting followers take over
+// locally, and a probe checks every 250 ms until it answers or its slots moved to a
+// promoted replica; then distributed mode resumes by itself. Flights on healthy shards are
+// not touched. owner-seq is not needed to dedupe: without it tokens keep the last number
+// reserved. Observer reports EventShardDown and EventShardUp per shard, EventDegraded and
+// EventRecovered when the first goes down and the last comes back.
 package singleflight
