@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -249,34 +250,46 @@ func (c *Cluster) Masters() ([]*Server, error) {
 	return ms, nil
 }
 
-// WaitServed waits until every running node says cluster_state:ok and sees key's slot
-// served by the same running master, which it returns: after a master was killed, this
-// is when its replica has been promoted and the cluster agrees. It fails the test after d.
+// WaitServed waits until Served answers, and returns the master: after a master was
+// killed, this is when its replica has been promoted and the cluster agrees. It fails the
+// test after d.
 func (c *Cluster) WaitServed(key string, d time.Duration) *Server {
 	c.t.Helper()
-	slot, err := c.Slot(key)
-	if err != nil {
-		c.t.Fatalf("CLUSTER KEYSLOT %s: %v", key, err)
-	}
 	var master *Server
-	c.waitUntil(d, fmt.Sprintf("slot %d served by a running master", slot), func() (bool, string) {
-		master = nil
-		for _, s := range c.alive() {
-			if ok, info := c.stateOK(s); !ok {
-				return false, info
-			}
-			m, err := c.masterOfSlot(s, slot)
-			if err != nil {
-				return false, err.Error()
-			}
-			if !m.Alive() || (master != nil && m != master) {
-				return false, fmt.Sprintf("%s sees slot %d on %s (running %v)", s.Addr, slot, m.Addr, m.Alive())
-			}
-			master = m
+	c.waitUntil(d, fmt.Sprintf("%s served by a running master", key), func() (bool, string) {
+		m, err := c.Served(key)
+		if err != nil {
+			return false, err.Error()
 		}
+		master = m
 		return true, ""
 	})
 	return master
+}
+
+// Served returns the running master that serves key's slot if every running node says
+// cluster_state:ok and agrees on it; otherwise an error says what is not so yet. It does
+// not fail the test, so that another goroutine may watch a failover with it.
+func (c *Cluster) Served(key string) (*Server, error) {
+	slot, err := c.Slot(key)
+	if err != nil {
+		return nil, fmt.Errorf("CLUSTER KEYSLOT %s: %w", key, err)
+	}
+	var master *Server
+	for _, s := range c.alive() {
+		if ok, info := c.stateOK(s); !ok {
+			return nil, errors.New(info)
+		}
+		m, err := c.masterOfSlot(s, slot)
+		if err != nil {
+			return nil, err
+		}
+		if !m.Alive() || (master != nil && m != master) {
+			return nil, fmt.Errorf("%s sees slot %d on %s (running %v)", s.Addr, slot, m.Addr, m.Alive())
+		}
+		master = m
+	}
+	return master, nil
 }
 
 // stateOK reports whether node s says cluster_state:ok.
