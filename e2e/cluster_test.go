@@ -152,6 +152,9 @@ type clusterOpts struct {
 	n       int               // proxies; 3 if zero
 	persist bool              // Redis with an append-only file
 	env     map[string]string // LLM_DEDUPE_* settings over the defaults
+	// redisAddrs, if set, are the Redis the proxies use (a Cluster's nodes) instead of a
+	// redis-server of the cluster's own.
+	redisAddrs []string
 }
 
 // startCluster starts Redis, the fake upstream and the proxies, each on a free loopback
@@ -161,11 +164,17 @@ func startCluster(t *testing.T, o clusterOpts) *cluster {
 	if o.n == 0 {
 		o.n = 3
 	}
-	c := &cluster{t: t, redis: redistest.Start(t, redistest.Options{Persist: o.persist}), fake: startFake(t)}
+	c := &cluster{t: t}
+	redisAddrs := strings.Join(o.redisAddrs, ",")
+	if redisAddrs == "" {
+		c.redis = redistest.Start(t, redistest.Options{Persist: o.persist})
+		redisAddrs = c.redis.Addr
+	}
+	c.fake = startFake(t)
 	settings := map[string]string{
 		"LLM_DEDUPE_LISTEN":                    "127.0.0.1:0",
 		"LLM_DEDUPE_UPSTREAM_BASE_URL":         c.fake.URL,
-		"LLM_DEDUPE_REDIS_ADDRS":               c.redis.Addr,
+		"LLM_DEDUPE_REDIS_ADDRS":               redisAddrs,
 		"LLM_DEDUPE_FLIGHT_LEASE_TTL":          leaseTTL.String(),
 		"LLM_DEDUPE_FLIGHT_HEARTBEAT_INTERVAL": heartbeat.String(),
 		"LLM_DEDUPE_FLIGHT_TAKEOVER_JITTER":    jitter.String(),
@@ -189,7 +198,7 @@ func startCluster(t *testing.T, o clusterOpts) *cluster {
 			shown = append(shown, strings.ToLower(strings.TrimPrefix(k, "LLM_DEDUPE_"))+"="+settings[k])
 		}
 	}
-	t.Logf("cluster: %d proxies, redis %s (persist %v), upstream %s; %s", o.n, c.redis.Addr, o.persist, c.fake.URL, strings.Join(shown, " "))
+	t.Logf("cluster: %d proxies, redis %s (persist %v), upstream %s; %s", o.n, redisAddrs, o.persist, c.fake.URL, strings.Join(shown, " "))
 	for range o.n {
 		c.start()
 	}

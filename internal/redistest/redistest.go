@@ -24,6 +24,7 @@ type Server struct {
 	port    int
 	dir     string
 	persist bool
+	args    []string // more redis-server arguments, such as a cluster node's
 	cmd     *exec.Cmd
 	exited  chan struct{}
 }
@@ -83,6 +84,7 @@ func (s *Server) start() error {
 	} else {
 		args = append(args, "--appendonly", "no")
 	}
+	args = append(args, s.args...)
 	cmd := exec.Command("redis-server", args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

@@ -1,0 +1,305 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/fakeupstream"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestFlightBoundaries: a flight ends and a new identical request starts the next one while
+// a follower on another instance is still reading the first one's stream. That follower is
+// the slow reader: its instance is stalled (SIGSTOP, as a long GC pause or a starved CPU
+// would) after it passed on every chunk so far, and it wakes up only after its blocking read
+// ran out, the flight completed and the next flight was claimed. On waking it checks the
+// flight again, as a follower does after every bounded read that brought nothing (the same
+// path a silent upstream of ≥ 1 s between chunks takes). It must still finish the answer it
+// was following: no stream_interrupted, no answer of the next call, no call of its own.
+//
+// Arrivals decide the upstream calls: the requests sent while call 1 is held join flight 1;
+// the one sent after call 1 completed starts flight 2 (nothing stored may serve it), and
+// those sent while call 2 is held join flight 2. So exactly 2 calls.
+func TestFlightBoundaries(t *testing.T) {
+	const chunks = 5
+	noCache := []string{"Cache-Control", "no-cache"}
+	cases := []struct {
+		name  string
+		env   map[string]string
+		call1 fakeupstream.Behavior
+		// Headers of the requests of flight 1 on A and C, and of those that start and join
+		// flight 2. The requests on the stalled instance B have none.
+		hdr1, hdr2 []string
+	}{
+		// Nothing is stored: the request after the end claims the DONE flight.
+		{name: "result_ttl=0", env: map[string]string{"LLM_DEDUPE_FLIGHT_RESULT_TTL": "0s"},
+			call1: fakeupstream.Behavior{Hold: true, Chunks: chunks}},
+		// The answer is stored, but the next requests ask for a fresh one: they claim the
+		// DONE flight. The stalled follower asked for nothing special: when it checks
+		// again, the flight's stored answer is there.
+		{name: "no-cache", call1: fakeupstream.Behavior{Hold: true, Chunks: chunks},
+			hdr1: noCache, hdr2: noCache},
+		// A 400 is shared with the flight's followers and never stored: the request after
+		// it claims the DONE flight.
+		{name: "4xx", call1: fakeupstream.Behavior{Hold: true, Fail: []int{http.StatusBadRequest}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startCluster(t, clusterOpts{env: tc.env})
+			rdb := c.redis.Client()
+			a, b, cc := c.ins[0], c.ins[1], c.ins[2]
+			model := "e2e-boundary-" + strings.NewReplacer("=", "", "-", "").Replace(tc.name)
+			body := streamBody(model, "a flight ends while a follower reads it")
+			streamed := len(tc.call1.Fail) == 0
+			want1 := func(who string, r streamResult) {
+				t.Helper()
+				if streamed {
+					if n, broken := checkStream(t, who, r, model, chunks); n != 1 || broken {
+						t.Errorf("%s: call %d, interrupted %v; want the whole stream of call 1", who, n, broken)
+					}
+					return
+				}
+				wantFailure(t, who, r, http.StatusBadRequest, 1)
+			}
+
+			// Flight 1: an owner on A, followers on A, B and C, the upstream holding its
+			// last event (or its whole 400).
+			c.fake.set(tc.call1)
+			owner := openSSE(a.URL, body, apiKeyA, tc.hdr1...)
+			c.fake.waitFor(fakeupstream.Stats{Calls: 1}, 10*time.Second)
+			others := []*sseClient{owner, openSSE(a.URL, body, apiKeyA, tc.hdr1...),
+				openSSE(cc.URL, body, apiKeyA, tc.hdr1...), openSSE(cc.URL, body, apiKeyA, tc.hdr1...)}
+			onB := []*sseClient{openSSE(b.URL, body, apiKeyA), openSSE(b.URL, body, apiKeyA)}
+			if streamed {
+				for i, s := range append(append([]*sseClient{}, others...), onB...) {
+					s.waitEvents(t, fmt.Sprintf("flight 1 client %d", i), chunks-1) // all but the held one
+				}
+			} else {
+				waitWaiting(t, c.ins, len(others)+len(onB))
+			}
+
+			// B has passed on all it read and waits in a blocking read of the stream.
+			// Stall it until that read has run out in Redis: its answer (nothing) waits
+			// for B in the socket.
+			waitUntil(t, 10*time.Second, "B blocked reading the flight's stream", func() (bool, string) {
+				n, err := blockedClients(rdb, b.cmd.Process.Pid)
+				return n > 0, fmt.Sprintf("%d blocked, %v", n, err)
+			})
+			stalled := time.Now()
+			b.pause()
+			waitUntil(t, 10*time.Second, "B's blocking read ended by Redis", func() (bool, string) {
+				n, err := blockedClients(rdb, b.cmd.Process.Pid)
+				return n == 0 && err == nil, fmt.Sprintf("%d blocked, %v", n, err)
+			})
+
+			// Flight 1 ends: A's clients and C's (which read its end from Redis) have it.
+			c.fake.release()
+			c.fake.waitFor(fakeupstream.Stats{Calls: 1, Completed: 1}, 10*time.Second)
+			for i, s := range others {
+				want1(fmt.Sprintf("flight 1 client %d on %s", i, []string{"A", "A", "C", "C"}[i]), s.result())
+			}
+
+			// The next identical request starts flight 2; more join it on A and C.
+			c.fake.set(fakeupstream.Behavior{Hold: true, Chunks: chunks})
+			flight2 := []*sseClient{openSSE(cc.URL, body, apiKeyA, tc.hdr2...)}
+			c.fake.waitFor(fakeupstream.Stats{Calls: 2}, 10*time.Second)
+			flight2[0].waitEvents(t, "flight 2 owner", 1)
+			flight2 = append(flight2, openSSE(a.URL, body, apiKeyA, tc.hdr2...), openSSE(cc.URL, body, apiKeyA, tc.hdr2...))
+			for i, s := range flight2 {
+				s.waitEvents(t, fmt.Sprintf("flight 2 client %d", i), 1)
+			}
+
+			// B wakes up while flight 2 runs: its clients finish flight 1's answer.
+			b.resume()
+			t.Logf("B stalled %dms; flight 1 ended and flight 2 started meanwhile", ms(time.Since(stalled)))
+			woke := time.Now()
+			var waiting []int // B's clients with no end yet: they wait for flight 2
+			for i, s := range onB {
+				r, ok := s.resultWithin(5*time.Second - time.Since(woke))
+				if !ok {
+					waiting = append(waiting, i)
+					continue
+				}
+				want1(fmt.Sprintf("flight 1 client %d on B", i), r)
+			}
+
+			c.fake.release()
+			for i, s := range flight2 {
+				if n, broken := checkStream(t, fmt.Sprintf("flight 2 client %d", i), s.result(), model, chunks); n != 2 || broken {
+					t.Errorf("flight 2 client %d: call %d, interrupted %v; want the whole stream of call 2", i, n, broken)
+				}
+			}
+			for _, i := range waiting {
+				r := onB[i].result()
+				t.Errorf("flight 1 client %d on B: no end 5s after B woke, though flight 1 had ended; once call 2 was released it got %d with call %d's answer (%q…); want call 1's",
+					i, r.status, streamCall(r.transcript), r.transcript[:min(len(r.transcript), 60)])
+			}
+			if s := c.fake.stats(); s != (fakeupstream.Stats{Calls: 2, Completed: 2}) {
+				t.Errorf("upstream %+v; want 2 calls (one per flight), both completed", s)
+			}
+		})
+	}
+}
+
+// wantFailure checks a client's copy of the fake's failure of call n: its status, exactly
+// its body, and the request id of the same call.
+func wantFailure(t testing.TB, who string, r streamResult, status int, n int64) {
+	t.Helper()
+	want := fmt.Sprintf(`{"error":{"message":"fake failure %d of call %d","type":"fake_error","code":"fake_%d"}}`, status, n, status)
+	if r.err != nil || r.status != status || r.transcript != want {
+		t.Errorf("%s: status %d, error %v, body %q; want %d %q (call %d's answer)", who, r.status, r.err, r.transcript, status, want, n)
+		return
+	}
+	if id := r.header.Get("X-Request-Id"); id != fmt.Sprintf("req_%d", n) {
+		t.Errorf("%s: X-Request-Id %q with the body of call %d: a mixed answer", who, id, n)
+	}
+}
+
+// sseClient is a streaming request in the background that reports how far it got, so that
+// a test knows an instance has passed on every chunk written so far.
+type sseClient struct {
+	mu       sync.Mutex
+	got      string
+	changed  chan struct{} // closed and replaced when bytes arrive or the answer ends
+	finished chan struct{} // closed when res is set
+	res      streamResult
+}
+
+// openSSE sends a streaming chat request with the given extra header pairs.
+func openSSE(base, body, apiKey string, hdr ...string) *sseClient {
+	s := &sseClient{changed: make(chan struct{}), finished: make(chan struct{})}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), clientTimeout)
+		defer cancel()
+		var r streamResult
+		defer func() {
+			s.mu.Lock()
+			s.res = r
+			close(s.finished)
+			s.notify()
+			s.mu.Unlock()
+		}()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+chatPath, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			r.err = err
+			return
+		}
+		defer resp.Body.Close()
+		r.status, r.header = resp.StatusCode, resp.Header
+		br := bufio.NewReader(resp.Body)
+		for {
+			line, err := br.ReadString('\n')
+			s.mu.Lock()
+			s.got += line
+			r.transcript = s.got
+			s.notify()
+			s.mu.Unlock()
+			if err != nil {
+				if err != io.EOF {
+					r.err = err
+				}
+				return
+			}
+		}
+	}()
+	return s
+}
+
+// notify wakes waiters; s.mu must be held.
+func (s *sseClient) notify() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// waitEvents waits until n whole events have arrived; it fails the test if the answer ends
+// first or after 10 s.
+func (s *sseClient) waitEvents(t testing.TB, who string, n int) {
+	t.Helper()
+	timer := time.NewTimer(10 * time.Second)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		got, ch := strings.Count(s.got, "\n\n"), s.changed
+		ended, r := isClosed(s.finished), s.res
+		s.mu.Unlock()
+		if got >= n {
+			return
+		}
+		if ended {
+			t.Fatalf("%s: answer ended after %d events; want %d first: %d %v %q", who, got, n, r.status, r.err, r.transcript)
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			t.Fatalf("%s: %d events in 10s; want %d", who, got, n)
+		}
+	}
+}
+
+// result waits for the whole answer (a client times out after clientTimeout).
+func (s *sseClient) result() streamResult {
+	<-s.finished
+	return s.res
+}
+
+// resultWithin is result bounded by d; ok is false if the answer has not ended by then.
+func (s *sseClient) resultWithin(d time.Duration) (streamResult, bool) {
+	select {
+	case <-s.finished:
+		return s.res, true
+	case <-time.After(d):
+		return streamResult{}, false
+	}
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// blockedClients counts the connections of process pid that Redis holds in a blocking
+// command (CLIENT LIST flag b). A process's connections are told apart by their local
+// ports, read from /proc.
+func blockedClients(rdb *redis.Client, pid int) (int, error) {
+	ports, err := localPorts(pid)
+	if err != nil {
+		return 0, err
+	}
+	list, err := rdb.ClientList(context.Background()).Result()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, line := range strings.Split(list, "\n") {
+		var port, flags string
+		for _, f := range strings.Fields(line) {
+			switch k, v, _ := strings.Cut(f, "="); k {
+			case "addr":
+				port = v[strings.LastIndexByte(v, ':')+1:]
+			case "flags":
+				flags = v
+			}
+		}
+		if ports[port] && strings.Contains(flags, "b") {
+			n++
+		}
+	}
+	return n, nil
+}
