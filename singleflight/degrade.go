@@ -31,6 +31,18 @@ func (r *remote) shard(key string) string {
 	return m.Options().Addr
 }
 
+// reloadLayout asks both Cluster clients to reload the slot layout soon (once, however
+// often it is asked). go-redis reloads it on MOVED and every minute, but a dead master
+// sends no MOVED: without this, its keys would go to the dead address for a minute after
+// its replica was promoted.
+func (r *remote) reloadLayout() {
+	for _, c := range []redis.UniversalClient{r.rdb, r.block} {
+		if cc, ok := c.(*redis.ClusterClient); ok {
+			cc.ReloadState(r.g.ctx)
+		}
+	}
+}
+
 // degradedFor reports whether key's flights must run local-only now.
 func (r *remote) degradedFor(key string) bool {
 	if !r.g.degraded.Load() {

@@ -200,6 +200,7 @@ func (r *remote) redisErr(op, key string, err error) error {
 	r.g.observe(Event{Kind: EventRedisError, Op: op, Err: err})
 	if unavailable(err) {
 		r.degrade(r.shard(key))
+		r.reloadLayout()
 	}
 	return err
 }

@@ -34,6 +34,10 @@ type ClusterOptions struct {
 	// NodeTimeout is cluster-node-timeout: how long a master may be unreachable before the
 	// cluster fails it over. If zero, 1s.
 	NodeTimeout time.Duration
+	// PartialCoverage sets cluster-require-full-coverage no: while a master is failed and
+	// not replaced yet, the other masters keep serving their own slots. Redis's default
+	// (false here) makes every node refuse every key in that window.
+	PartialCoverage bool
 }
 
 // StartCluster starts Masters × (1 + Replicas) nodes, makes them a cluster, and waits
@@ -54,7 +58,7 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 	}
 	c := &Cluster{t: t}
 	for range o.Masters * (1 + o.Replicas) {
-		c.Nodes = append(c.Nodes, c.startNode(o.NodeTimeout))
+		c.Nodes = append(c.Nodes, c.startNode(o))
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
 	args = append(args, "--cluster-replicas", strconv.Itoa(o.Replicas), "--cluster-yes")
@@ -69,13 +73,16 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 
 // startNode starts one cluster-enabled redis-server. Its cluster bus listens on its port
 // + 10000 (the default, which every supported server version knows), so both must be free.
-func (c *Cluster) startNode(nodeTimeout time.Duration) *Server {
+func (c *Cluster) startNode(o ClusterOptions) *Server {
 	c.t.Helper()
 	s := &Server{t: c.t, dir: c.t.TempDir()}
 	s.args = []string{
 		"--cluster-enabled", "yes",
 		"--cluster-config-file", filepath.Join(s.dir, "nodes.conf"),
-		"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
+		"--cluster-node-timeout", strconv.FormatInt(o.NodeTimeout.Milliseconds(), 10),
+	}
+	if o.PartialCoverage {
+		s.args = append(s.args, "--cluster-require-full-coverage", "no")
 	}
 	for i := 0; ; i++ {
 		s.port = clusterPort(c.t)
