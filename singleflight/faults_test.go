@@ -53,11 +53,14 @@ func TestAppendRetryKeepsBytes(t *testing.T) {
 	a := New(oa)
 	t.Cleanup(func() { a.Close(context.Background()) })
 	b := backend{redis: srv}.group(t, o)
+	following := make(chan struct{}) // b looked up and follows: a may write
+	b.hooks.beforeFollow = once(func() { close(following) })
 	key := uniqueKey()
 	started := make(chan struct{})
 	fn := func(ctx context.Context, w *Writer) (Result, error) {
 		w.WriteHead(Head{Status: 200})
 		close(started)
+		<-following
 		for i, s := range []string{"A", "B", "C", "D"} {
 			if _, err := w.Write([]byte(s)); err != nil {
 				return Result{}, err
