@@ -325,7 +325,7 @@ func (e *env) holdElsewhere(ctx context.Context, bodies [][]byte) (*heldOwners, 
 	h := hashing.New(hashing.Options{Scope: scope, IgnoreFields: []string{"user"}})
 	rdb := redis.NewClient(&redis.Options{Addr: e.redisAddr(), PoolSize: 512})
 	o := &heldOwners{rdb: rdb, gate: make(chan struct{})}
-	o.g = singleflight.New(singleflight.Options{Redis: rdb, BlockingRedis: rdb, ResultTTL: time.Minute})
+	o.g = singleflight.New(singleflight.Options{Redis: rdb, ResultTTL: time.Minute})
 	header := http.Header{"Authorization": {e.c.auth}, "Content-Type": {"application/json"}}
 	for i, b := range bodies {
 		req, err := h.Key(http.MethodPost, "/v1/chat/completions", header, b)

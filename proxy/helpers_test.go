@@ -64,7 +64,7 @@ func newInstance(t testing.TB, up *upstream, s setup) *instance {
 		o.TakeoverJitter = 20 * time.Millisecond
 	}
 	if s.redis != nil {
-		o.Redis, o.BlockingRedis = s.redis.Client(), s.redis.Client()
+		o.Redis = s.redis.Client()
 	}
 	g := singleflight.New(o)
 	base := s.base

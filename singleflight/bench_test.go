@@ -60,7 +60,7 @@ func BenchmarkOwnerPath(b *testing.B) {
 		rdb := srv.Client()
 		cnt := &cmdCounter{}
 		rdb.AddHook(cnt)
-		g := New(Options{Redis: rdb, BlockingRedis: srv.Client(), ResultTTL: time.Minute})
+		g := New(Options{Redis: rdb, ResultTTL: time.Minute})
 		defer g.Close(context.Background())
 		for b.Loop() {
 			r, _ := g.Do(uniqueKey(), false, instant)
@@ -74,10 +74,10 @@ func BenchmarkOwnerPath(b *testing.B) {
 // owner's function returning to the follower's reader seeing the end of the response.
 func BenchmarkFollowerWakeLag(b *testing.B) {
 	srv := redistest.Start(b)
-	o := Options{Redis: srv.Client(), BlockingRedis: srv.Client()}
+	o := Options{Redis: srv.Client()}
 	owner := New(o)
 	defer owner.Close(context.Background())
-	o.Redis, o.BlockingRedis = srv.Client(), srv.Client()
+	o.Redis = srv.Client()
 	follower := New(o)
 	defer follower.Close(context.Background())
 	var total time.Duration
@@ -130,7 +130,7 @@ func BenchmarkWaitingFollowerMemory(b *testing.B) {
 	}{{"local-callers", 1, 1000}, {"remote-flights", 1000, 1}} {
 		b.Run(tc.name, func(b *testing.B) {
 			srv := redistest.Start(b)
-			o := Options{Redis: srv.Client(), BlockingRedis: redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: 2000, ReadBufferSize: 4 << 10, WriteBufferSize: 1 << 10})}
+			o := Options{Redis: srv.Client()}
 			owner := New(o)
 			defer owner.Close(context.Background())
 			o.Redis = srv.Client()

@@ -61,7 +61,7 @@ func TestFollowerFinishesWhenStoredDuringReadGap(t *testing.T) {
 	b := backend{name: "redis", redis: redistest.Start(t)}
 	o := Options{ResultTTL: time.Minute, BatchDelay: time.Millisecond}
 	a, fg := b.group(t, o), b.group(t, o)
-	fg.remote.maxBlock = 50 * time.Millisecond // the owner's silence outlasts one read
+	fg.remote.recheckEvery = 50 * time.Millisecond // looks again while the owner is silent
 	key := uniqueKey()
 	s := newStreamer(3)
 	ra, _ := a.Do(key, false, s.fn)

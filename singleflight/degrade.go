@@ -31,15 +31,13 @@ func (r *remote) shard(key string) string {
 	return m.Options().Addr
 }
 
-// reloadLayout asks both Cluster clients to reload the slot layout soon (once, however
+// reloadLayout asks the Cluster client to reload the slot layout soon (once, however
 // often it is asked). go-redis reloads it on MOVED and every minute, but a dead master
 // sends no MOVED: without this, its keys would go to the dead address for a minute after
 // its replica was promoted.
 func (r *remote) reloadLayout() {
-	for _, c := range []redis.UniversalClient{r.rdb, r.block} {
-		if cc, ok := c.(*redis.ClusterClient); ok {
-			cc.ReloadState(r.g.ctx)
-		}
+	if c, ok := r.rdb.(*redis.ClusterClient); ok {
+		c.ReloadState(r.g.ctx)
 	}
 }
 
@@ -126,20 +124,17 @@ func (r *remote) probe() {
 }
 
 // answering asks Redis which shards answer now. The whole Redis ("") answers when a PING
-// on both clients does. In a Cluster, a shard answers when its master answers a PING, or
+// does. In a Cluster, a shard answers when its master answers a PING, or
 // when it is no master any more: its slots moved to a promoted replica, which a reloaded
 // layout names instead.
 func (r *remote) answering() func(shard string) bool {
 	ctx, cancel := context.WithTimeout(r.g.ctx, time.Second)
 	defer cancel()
 	ping := func(c redis.UniversalClient) bool { return c.Ping(ctx).Err() == nil }
-	whole := ping(r.rdb) && (r.block == r.rdb || ping(r.block))
+	whole := ping(r.rdb)
 	c, ok := r.rdb.(*redis.ClusterClient)
 	if !ok {
 		return func(string) bool { return whole }
-	}
-	if b, ok := r.block.(*redis.ClusterClient); ok && b != c {
-		b.ReloadState(ctx)
 	}
 	var mu sync.Mutex
 	masters := map[string]bool{} // address → answers

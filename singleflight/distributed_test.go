@@ -200,7 +200,7 @@ func TestThunderingHerd(t *testing.T) {
 		oi := o
 		rdb := srv.Client()
 		rdb.AddHook(claims)
-		oi.Redis, oi.BlockingRedis = rdb, srv.Client()
+		oi.Redis = rdb
 		g := New(oi)
 		t.Cleanup(func() { g.Close(context.Background()) })
 		waits = append(waits, doAll(t, g, key, 2, fn))
@@ -223,7 +223,6 @@ func TestLostWakeup(t *testing.T) {
 	// A long lease: a follower that missed the done entry would wait for it to run out.
 	o := Options{LeaseTTL: 30 * time.Second, HeartbeatInterval: 10 * time.Second}
 	a, f := b.group(t, o), b.group(t, o)
-	f.remote.maxBlock = 30 * time.Second
 	key := uniqueKey()
 	rp := newReply("late")
 	running := make(chan struct{}, 1)
@@ -340,7 +339,7 @@ func TestLocalFirstLevelHits(t *testing.T) {
 	cnt := &cmdCounter{}
 	rdb := srv.Client()
 	rdb.AddHook(cnt)
-	g := New(Options{Redis: rdb, BlockingRedis: srv.Client(), ResultTTL: time.Minute})
+	g := New(Options{Redis: rdb, ResultTTL: time.Minute})
 	t.Cleanup(func() { g.Close(context.Background()) })
 	other := backend{redis: srv}.group(t, Options{ResultTTL: time.Minute})
 	key := uniqueKey()

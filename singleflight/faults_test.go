@@ -49,7 +49,7 @@ func TestAppendRetryKeepsBytes(t *testing.T) {
 	ownerClient.AddHook(hook)
 	o := Options{BatchDelay: time.Millisecond, LeaseTTL: 3 * time.Second}
 	oa := o
-	oa.Redis, oa.BlockingRedis = ownerClient, srv.Client()
+	oa.Redis = ownerClient
 	a := New(oa)
 	t.Cleanup(func() { a.Close(context.Background()) })
 	b := backend{redis: srv}.group(t, o)

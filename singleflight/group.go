@@ -94,9 +94,6 @@ type Options struct {
 	// Redis coordinates instances. If nil, the Group is in-memory: local flights and a
 	// bounded TTL result cache.
 	Redis redis.UniversalClient
-	// BlockingRedis serves blocking stream reads, so that waiting never starves heartbeats.
-	// If nil, Redis is used.
-	BlockingRedis redis.UniversalClient
 	// KeyPrefix of every Redis key. If empty, "ai:flight" is used.
 	KeyPrefix string
 	// HeartbeatInterval between lease renewals. If zero, 1s is used.
@@ -162,9 +159,6 @@ func (o *Options) setDefaults() {
 	if o.Observer == nil {
 		o.Observer = nopObserver{}
 	}
-	if o.BlockingRedis == nil {
-		o.BlockingRedis = o.Redis
-	}
 	if o.InstanceID == "" {
 		var b [6]byte
 		_, _ = rand.Read(b[:])
@@ -194,7 +188,7 @@ type Group struct {
 // hooks let the package's tests stop the world at the points where faults matter.
 type hooks struct {
 	beforeRenew  func(ctx context.Context) // blocks a heartbeat (a paused or dead owner)
-	beforeFollow func()                    // runs between a follower's lookup and its first read
+	beforeFollow func()                    // runs between a follower's lookup and its subscription
 	readGap      func()                    // a follower's read found nothing (or failed), before it looks again
 	afterEntries func()                    // a follower applied one read's entries, before its next read
 	beforeClaim  func()                    // a contender is about to run claim.lua

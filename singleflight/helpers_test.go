@@ -29,7 +29,6 @@ func (b backend) group(t *testing.T, o Options) *Group {
 	t.Helper()
 	if b.redis != nil {
 		o.Redis = b.redis.Client()
-		o.BlockingRedis = b.redis.Client()
 	}
 	if o.TakeoverJitter == 0 {
 		o.TakeoverJitter = 20 * time.Millisecond

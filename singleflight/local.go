@@ -10,10 +10,10 @@ import (
 // localOwnership is ownership inside one process: nothing to renew, fence or write.
 type localOwnership struct{}
 
-func (localOwnership) renew(context.Context) error                           { return nil }
-func (localOwnership) appendBatch(context.Context, int, *Head, []byte) error { return nil }
-func (localOwnership) fail(context.Context, Result, string) error            { return nil }
-func (localOwnership) remote() bool                                          { return false }
+func (localOwnership) heartbeat(context.Context, context.CancelCauseFunc) func() { return func() {} }
+func (localOwnership) appendBatch(context.Context, int, *Head, []byte) error     { return nil }
+func (localOwnership) fail(context.Context, Result, string) error                { return nil }
+func (localOwnership) remote() bool                                              { return false }
 
 func (localOwnership) complete(context.Context, final) error { return nil }
 

@@ -5,14 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
-	"sync"
 	"time"
 )
 
 // ownership is what an owner needs from its coordinator: the fenced writes of one attempt.
 // Every method answers ErrLeaseLost when the attempt's token is no longer the flight's.
 type ownership interface {
-	renew(ctx context.Context) error
+	// heartbeat keeps the attempt's lease while ctx lasts, until stop is called; a refused
+	// renewal calls cancel with ErrLeaseLost.
+	heartbeat(ctx context.Context, cancel context.CancelCauseFunc) (stop func())
 	// appendBatch adds batch number n (from 1) of streamed bytes; head rides on the first.
 	appendBatch(ctx context.Context, n int, head *Head, data []byte) error
 	// complete ends the flight with its answer; see final.
@@ -56,22 +57,15 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	f.startGen(RoleOwner, true)
 
 	w := &Writer{g: g, f: f, o: o, ctx: fctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
-	hbDone := make(chan struct{})
-	var hb, flusher sync.WaitGroup
-	defer hb.Wait()
-	stopHeartbeat := sync.OnceFunc(func() { close(hbDone) })
+	// The heartbeat lives under the hard timeout (a stuck owner function cannot keep the
+	// lease), and on until the final write, so a slow final write does not let the lease
+	// run out under it.
+	stopHeartbeat := o.heartbeat(tctx, cancel)
 	defer stopHeartbeat()
-	if o.remote() {
-		// The heartbeat lives under the hard timeout (a stuck owner function cannot keep
-		// the lease), and on until the final write, so a slow final write does not let
-		// the lease run out under it.
-		hb.Go(func() { g.heartbeat(tctx, o, cancel, hbDone) })
-		flusher.Go(w.flushLoop)
-	}
 
 	res, err := callOwner(tctx, f.fn, w)
 	w.closeAndFlush()
-	flusher.Wait()
+	w.flusher.Wait()
 
 	cause := context.Cause(tctx)
 	if errors.Is(cause, ErrLeaseLost) || errors.Is(w.err, ErrLeaseLost) {
@@ -152,33 +146,4 @@ func callOwner(ctx context.Context, fn Func, w *Writer) (res Result, err error) 
 		}
 	}()
 	return fn(ctx, w)
-}
-
-// heartbeat renews the lease until done is closed. The heartbeat belongs to the attempt:
-// it ends with the owner function, so a stuck call can never be kept alive by it.
-// A refused renewal cancels the attempt (owner suicide); renewals that fail for network
-// reasons are reported, and the fenced writes decide.
-func (g *Group) heartbeat(ctx context.Context, o ownership, cancel context.CancelCauseFunc, done <-chan struct{}) {
-	t := time.NewTicker(g.opts.HeartbeatInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-done:
-			return
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if g.hooks.beforeRenew != nil {
-			g.hooks.beforeRenew(ctx)
-		}
-		err := o.renew(ctx)
-		if errors.Is(err, ErrLeaseLost) {
-			cancel(ErrLeaseLost)
-			return
-		}
-		if err != nil && ctx.Err() == nil {
-			g.observe(Event{Kind: EventHeartbeatFailed, Err: err})
-		}
-	}
 }

@@ -33,13 +33,15 @@ var (
 	incrSrc string
 	//go:embed lua/restore.lua
 	restoreSrc string
+	//go:embed lua/wake.lua
+	wakeSrc string
 
-	lookupScript   = redis.NewScript(lookupSrc)
-	claimScript    = redis.NewScript(claimSrc)
-	renewScript    = redis.NewScript(restoreSrc + renewSrc)
-	appendScript   = redis.NewScript(restoreSrc + appendSrc)
-	completeScript = redis.NewScript(restoreSrc + completeSrc)
-	failScript     = redis.NewScript(restoreSrc + failSrc)
+	lookupScript   = redis.NewScript(wakeSrc + lookupSrc)
+	claimScript    = redis.NewScript(wakeSrc + claimSrc)
+	renewScript    = redis.NewScript(wakeSrc + restoreSrc + renewSrc)
+	appendScript   = redis.NewScript(wakeSrc + restoreSrc + appendSrc)
+	completeScript = redis.NewScript(wakeSrc + restoreSrc + completeSrc)
+	failScript     = redis.NewScript(wakeSrc + restoreSrc + failSrc)
 	incrScript     = redis.NewScript(incrSrc)
 )
 
@@ -53,11 +55,14 @@ const seqBlock = 64
 
 // remote is the Redis coordinator of a Group.
 type remote struct {
-	g        *Group
-	rdb      redis.UniversalClient
-	block    redis.UniversalClient
-	maxBlock time.Duration // upper bound of one blocking read, so that Close is prompt
-	local    atomic.Uint64 // makes tokens unique within this process
+	g       *Group
+	rdb     redis.UniversalClient
+	wake    *wakeHub      // the pub/sub connection followers wait on
+	renewer *renewer      // every owned lease, renewed in one batch
+	local   atomic.Uint64 // makes tokens unique within this process
+	// recheckEvery, if set, caps how long a follower waits without looking the flight up
+	// (tests: to make a follower look again while its owner is alive but silent).
+	recheckEvery time.Duration
 
 	seqMu           sync.Mutex
 	seqNext, seqEnd int64 // the reserved block of owner-seq numbers not used yet: [next, end]
@@ -69,7 +74,9 @@ type remote struct {
 }
 
 func newRemote(g *Group) *remote {
-	return &remote{g: g, rdb: g.opts.Redis, block: g.opts.BlockingRedis, maxBlock: time.Second, down: map[string]bool{}}
+	r := &remote{g: g, rdb: g.opts.Redis, down: map[string]bool{}}
+	r.wake, r.renewer = newWakeHub(r), newRenewer(r)
+	return r
 }
 
 // keys of one flight: one hash tag, so that one script may touch all three in a Cluster.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -236,86 +237,214 @@ type followEnd struct {
 	err    error
 }
 
-// follow reads the owner's stream into f until the attempt ends. It blocks on XREAD from
-// the concrete ID it last read (never "$"), so no entry written since the lookup can be
-// missed; each block is bounded by the lease, after which the meta is checked again.
+// follow reads the owner's stream into f until the attempt ends. It subscribes to the
+// stream's channel first, then reads the stream from the concrete ID it last read (never
+// "$"), then takes what is pushed (see wake.go): no entry written since the lookup can be
+// missed, and no command is sent while it waits. When nothing came for a lease (the owner
+// silent, and not saying it is alive), the meta is checked again.
 func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining time.Duration) followEnd {
 	start := time.Now()
 	defer func() { r.g.observe(Event{Kind: EventWait, Key: f.key, Duration: time.Since(start)}) }()
 	k := r.keys(f.key)
-	deadline := time.Now().Add(remaining) // of this read: the lease's end, or sooner to re-read
-	leaseEnd := deadline                  // when the owner's lease runs out, as far as we know
-	recheck := 0
 	if r.g.hooks.beforeFollow != nil {
 		r.g.hooks.beforeFollow()
 	}
-	for {
-		block := min(max(time.Until(deadline)+20*time.Millisecond, 20*time.Millisecond), r.maxBlock)
-		streams, err := r.block.XRead(ctx, &redis.XReadArgs{Streams: []string{k.stream, pos.last}, Count: 512, Block: block}).Result()
+	w, err := r.wake.watch(ctx, k.stream)
+	if err != nil {
 		if ctx.Err() != nil {
 			return followEnd{kind: followDone}
 		}
-		if err != nil {
-			if !errors.Is(err, redis.Nil) {
-				r.redisErr("xread", f.key, err) // e.g. UNBLOCKED or MOVED by a failover: check again
-			}
-			if r.g.hooks.readGap != nil {
-				r.g.hooks.readGap()
-			}
-			d, lerr := r.lookup(ctx, f.key, f.noCache, "")
-			if lerr != nil {
-				return followEnd{kind: followRedisErr, err: lerr}
-			}
-			switch {
-			case d.kind == "follow" && d.token == pos.token:
-				deadline, recheck = time.Now().Add(d.remaining), 0
-				leaseEnd = deadline
-				continue
-			case d.kind == "claim" && d.reason == "absent" && time.Now().Before(leaseEnd):
-				// Redis lost the flight (a restart without persistence, a failover): its
-				// owner puts it back with its next write while its lease runs (restore.lua).
-				// Until the lease would have run out, that is worth waiting for.
-				deadline = leaseEnd
-				continue
-			case d.kind == "hit" && d.token == pos.token:
-				r.serveHit(f, d, pos) // our attempt's own answer: readers go on where they are
-				return followEnd{kind: followDone}
-			case d.kind == "claim" && d.reason == "expired" && d.token == pos.token:
-				return followEnd{kind: followExpired}
-			case recheck < 2:
-				// Our attempt ended, or another began. The stream says which, in order:
-				// read what follows our position before believing the meta. An attempt
-				// that finished wrote its end before any later generation's first entry.
-				recheck++
-				deadline = time.Now()
-				continue
-			}
-			switch d.kind {
-			case "hit": // our attempt's entries are gone (trimmed, or lost with a failover)
-				r.serveHit(f, d, pos)
-				return followEnd{kind: followDone}
-			case "follow":
-				pos.switchTo(f, d)
-				deadline, recheck = time.Now().Add(d.remaining), 0
-				leaseEnd = deadline
-				continue
-			}
-			return followEnd{kind: followExpired}
+		return followEnd{kind: followRedisErr, err: r.redisErr("subscribe", f.key, err)}
+	}
+	defer w.close()
+	var alive *watch // the owner's alive channel
+	aliveOf := ""
+	defer func() {
+		if alive != nil {
+			alive.close()
 		}
-		for _, s := range streams {
-			for _, m := range s.Messages {
-				if end, ok := r.apply(f, pos, m); ok {
+	}()
+	deadline := time.Now().Add(remaining) // when to look again: the lease's end, or sooner to re-read
+	leaseEnd := deadline                  // when the owner's lease runs out, as far as we know
+	recheck := 0
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	read := false // read the stream before taking pushed entries
+	for {
+		// The owner's alive messages extend the wait; follow the current owner's.
+		if inst := tokenInstance(pos.token); inst != aliveOf {
+			if alive != nil {
+				alive.close()
+				alive = nil
+			}
+			aliveOf = inst
+			if inst != "" {
+				alive, _ = r.wake.watch(ctx, r.wake.aliveChannel(inst)) // without it, the meta is looked up
+			}
+		}
+		var aliveC <-chan struct{}
+		if alive != nil {
+			aliveC = alive.notify
+		}
+		if !read {
+			wait := max(time.Until(deadline), 0)
+			if r.recheckEvery > 0 {
+				wait = min(wait, r.recheckEvery)
+			}
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				return followEnd{kind: followDone}
+			case <-aliveC:
+				if _, said, _ := alive.take(); said {
+					leaseEnd = time.Now().Add(r.g.opts.LeaseTTL)
+					deadline, recheck = leaseEnd, 0
+				}
+				continue
+			case <-w.notify:
+			case <-timer.C:
+				if r.g.hooks.readGap != nil {
+					r.g.hooks.readGap()
+				}
+				if end, done := r.recheck(ctx, f, pos, &deadline, &leaseEnd, &recheck, &read); done {
 					return end
 				}
+				continue
 			}
 		}
-		if r.g.hooks.afterEntries != nil {
-			r.g.hooks.afterEntries()
+		resync, _, pushed := w.take()
+		var stored []redis.XMessage
+		if resync || read {
+			read = false
+			var err error
+			stored, err = r.readAfter(ctx, k.stream, pos.last)
+			if ctx.Err() != nil {
+				return followEnd{kind: followDone}
+			}
+			if err != nil {
+				r.redisErr("xread", f.key, err) // e.g. a failover: check again
+				if end, done := r.recheck(ctx, f, pos, &deadline, &leaseEnd, &recheck, &read); done {
+					return end
+				}
+				continue
+			}
 		}
-		// The owner is alive and writing.
-		deadline, recheck = time.Now().Add(r.g.opts.LeaseTTL), 0
-		leaseEnd = deadline
+		got := false
+		// What the stream holds first, then what was pushed (entries pushed meanwhile that
+		// the read already had are skipped by their IDs). A pushed entry that does not
+		// follow the last one read means messages were missed: read the stream again.
+		for i, m := range append(stored, pushed...) {
+			if !afterID(m.ID, pos.last) {
+				continue
+			}
+			if t := val(m, "t"); i >= len(stored) && t != "gen" && val(m, "tok") == pos.token && !pos.lost {
+				if n, _ := strconv.Atoi(val(m, "n")); n != pos.n {
+					read = true
+					break
+				}
+			}
+			got = true
+			if end, ok := r.apply(f, pos, m); ok {
+				return end
+			}
+		}
+		if got {
+			if r.g.hooks.afterEntries != nil {
+				r.g.hooks.afterEntries()
+			}
+			// The owner is alive and writing.
+			leaseEnd = time.Now().Add(r.g.opts.LeaseTTL)
+			deadline, recheck = leaseEnd, 0
+		}
 	}
+}
+
+// readAfter reads the entries of stream after id, without blocking.
+func (r *remote) readAfter(ctx context.Context, stream, id string) ([]redis.XMessage, error) {
+	var out []redis.XMessage
+	for {
+		streams, err := r.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{stream, id}, Count: 512, Block: -1}).Result()
+		if errors.Is(err, redis.Nil) {
+			return out, nil
+		}
+		if err != nil {
+			return out, err
+		}
+		n := 0
+		for _, s := range streams {
+			out = append(out, s.Messages...)
+			n += len(s.Messages)
+			if len(s.Messages) > 0 {
+				id = s.Messages[len(s.Messages)-1].ID
+			}
+		}
+		if n < 512 {
+			return out, nil
+		}
+	}
+}
+
+// recheck looks the flight up when nothing came for a lease, or a read failed, and decides
+// whether to go on following (done false, with the deadline moved or a read asked for) or
+// how the attempt ended.
+func (r *remote) recheck(ctx context.Context, f *flight, pos *position, deadline, leaseEnd *time.Time, recheck *int, read *bool) (followEnd, bool) {
+	d, lerr := r.lookup(ctx, f.key, f.noCache, "")
+	if ctx.Err() != nil {
+		return followEnd{kind: followDone}, true
+	}
+	if lerr != nil {
+		return followEnd{kind: followRedisErr, err: lerr}, true
+	}
+	switch {
+	case d.kind == "follow" && d.token == pos.token:
+		*deadline, *recheck = time.Now().Add(d.remaining), 0
+		*leaseEnd = *deadline
+		return followEnd{}, false
+	case d.kind == "claim" && d.reason == "absent" && time.Now().Before(*leaseEnd):
+		// Redis lost the flight (a restart without persistence, a failover): its owner
+		// puts it back with its next write while its lease runs (restore.lua). Until
+		// the lease would have run out, that is worth waiting for.
+		*deadline = *leaseEnd
+		return followEnd{}, false
+	case d.kind == "hit" && d.token == pos.token:
+		r.serveHit(f, d, pos) // our attempt's own answer: readers go on where they are
+		return followEnd{kind: followDone}, true
+	case d.kind == "claim" && d.reason == "expired" && d.token == pos.token:
+		return followEnd{kind: followExpired}, true
+	case *recheck < 2:
+		// Our attempt ended, or another began. The stream says which, in order: read
+		// what follows our position before believing the meta. An attempt that
+		// finished wrote its end before any later generation's first entry.
+		*recheck++
+		*read = true
+		*deadline = time.Now().Add(20 * time.Millisecond)
+		return followEnd{}, false
+	}
+	switch d.kind {
+	case "hit": // our attempt's entries are gone (trimmed, or lost with a failover)
+		r.serveHit(f, d, pos)
+		return followEnd{kind: followDone}, true
+	case "follow":
+		pos.switchTo(f, d)
+		*deadline, *recheck = time.Now().Add(d.remaining), 0
+		*leaseEnd = *deadline
+		*read = true
+		return followEnd{}, false
+	}
+	return followEnd{kind: followExpired}, true
+}
+
+// tokenInstance is the instance id in a token ("seq-instance-local").
+func tokenInstance(token string) string {
+	_, rest, ok := strings.Cut(token, "-")
+	if !ok {
+		return ""
+	}
+	i := strings.LastIndexByte(rest, '-')
+	if i < 0 {
+		return ""
+	}
+	return rest[:i]
 }
 
 // apply feeds one stream entry to f; ok when the attempt ended.

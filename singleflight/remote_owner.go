@@ -5,6 +5,8 @@ import (
 	"errors"
 	"strconv"
 	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // errStreamFull says the flight's stream holds StreamMaxLen entries: the owner stops
@@ -54,10 +56,27 @@ func (o *remoteOwnership) fenced(op string, v int64, err error) error {
 	return nil
 }
 
-func (o *remoteOwnership) renew(ctx context.Context) error {
-	opts := o.r.g.opts
-	v, err := renewScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream},
-		o.args(o.token, opts.LeaseTTL.Milliseconds(), o.r.runningTTL())...).Int64()
+// heartbeat has the Group's renewer renew this attempt's lease until stop is called.
+func (o *remoteOwnership) heartbeat(ctx context.Context, cancel context.CancelCauseFunc) (stop func()) {
+	return o.r.renewer.add(ctx, o, cancel)
+}
+
+func (o *remoteOwnership) renewArgs() []any {
+	return o.args(o.token, o.r.g.opts.LeaseTTL.Milliseconds(), o.r.runningTTL())
+}
+
+// renewCmd queues this attempt's renewal on a pipeline.
+func (o *remoteOwnership) renewCmd(ctx context.Context, p redis.Pipeliner) *redis.Cmd {
+	return renewScript.EvalSha(ctx, p, []string{o.k.meta, o.k.stream}, o.renewArgs()...)
+}
+
+// renewOne renews alone (loading the script if Redis lost it).
+func (o *remoteOwnership) renewOne(ctx context.Context) (int64, error) {
+	return renewScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream}, o.renewArgs()...).Int64()
+}
+
+// renewed takes a renewal's answer: the new lease_until, or ErrLeaseLost.
+func (o *remoteOwnership) renewed(v int64, err error) error {
 	if err == nil && v > 0 {
 		o.until.Store(v)
 	}

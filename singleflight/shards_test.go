@@ -16,7 +16,7 @@ func TestOwnerSeqUnusableKeepsDedupe(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	if err := srv.Client().Do(ctx, "ACL", "SETUSER", "flights", "on", ">pw",
-		"~ai:flight:meta:*", "~ai:flight:stream:*", "~ai:flight:result:*", "+@all").Err(); err != nil {
+		"~ai:flight:meta:*", "~ai:flight:stream:*", "~ai:flight:result:*", "&ai:flight:*", "+@all").Err(); err != nil {
 		t.Fatalf("ACL SETUSER: %v", err)
 	}
 	client := func() *redis.Client {
@@ -30,7 +30,7 @@ func TestOwnerSeqUnusableKeepsDedupe(t *testing.T) {
 	var groups []*Group
 	for range 2 {
 		c := client()
-		g := New(Options{Redis: c, BlockingRedis: c, ResultTTL: time.Minute, TakeoverJitter: 20 * time.Millisecond})
+		g := New(Options{Redis: c, ResultTTL: time.Minute, TakeoverJitter: 20 * time.Millisecond})
 		t.Cleanup(func() { g.Close(context.Background()) })
 		groups = append(groups, g)
 	}

@@ -32,7 +32,7 @@ func BenchmarkClaimWait(b *testing.B) {
 			b.Fatal("the replica did not attach within 10s")
 		}
 	}
-	g := New(Options{Redis: rdb, BlockingRedis: rdb})
+	g := New(Options{Redis: rdb})
 	defer g.Close(ctx)
 	r := g.remote
 	for _, wait := range []bool{false, true} {

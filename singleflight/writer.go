@@ -29,6 +29,10 @@ type Writer struct {
 	closed   bool
 	wake     chan struct{}
 	done     chan struct{}
+	// flusher runs flushLoop, started by the first Write of a remote owner: a unary
+	// answer, written whole at the end, needs no goroutine of its own.
+	flusher   sync.WaitGroup
+	flushOnce sync.Once
 }
 
 // WriteHead sets the status and headers of a streamed response. It must come before Write.
@@ -66,6 +70,7 @@ func (w *Writer) Write(p []byte) (int, error) {
 	w.mu.Unlock()
 	w.f.appendChunk(c)
 	if remote {
+		w.flushOnce.Do(func() { w.flusher.Go(w.flushLoop) })
 		select {
 		case w.wake <- struct{}{}:
 		default:

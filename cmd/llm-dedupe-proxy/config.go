@@ -32,17 +32,16 @@ type UpstreamConfig struct {
 // RedisConfig says where flights are coordinated. No Addrs means the in-memory backend; one
 // address with MasterName empty is a standalone server or a cluster, MasterName selects Sentinel.
 type RedisConfig struct {
-	Addrs            []string      `mapstructure:"addrs"`
-	MasterName       string        `mapstructure:"master_name"`
-	Username         string        `mapstructure:"username"`
-	Password         string        `mapstructure:"password" secret:"true"`
-	DB               int           `mapstructure:"db"`
-	TLS              bool          `mapstructure:"tls"`
-	KeyPrefix        string        `mapstructure:"key_prefix"`
-	DialTimeout      time.Duration `mapstructure:"dial_timeout"`
-	ReadTimeout      time.Duration `mapstructure:"read_timeout"`
-	PoolSize         int           `mapstructure:"pool_size"`          // 0: the client's default
-	BlockingPoolSize int           `mapstructure:"blocking_pool_size"` // connections for blocking reads
+	Addrs       []string      `mapstructure:"addrs"`
+	MasterName  string        `mapstructure:"master_name"`
+	Username    string        `mapstructure:"username"`
+	Password    string        `mapstructure:"password" secret:"true"`
+	DB          int           `mapstructure:"db"`
+	TLS         bool          `mapstructure:"tls"`
+	KeyPrefix   string        `mapstructure:"key_prefix"`
+	DialTimeout time.Duration `mapstructure:"dial_timeout"`
+	ReadTimeout time.Duration `mapstructure:"read_timeout"`
+	PoolSize    int           `mapstructure:"pool_size"` // 0: the client's default
 }
 
 // FlightConfig tunes the lease, the takeover and what is kept after a flight.
@@ -92,11 +91,10 @@ func defaultConfig() Config {
 			IdleTimeout: 60 * time.Second,
 		},
 		Redis: RedisConfig{
-			Addrs:            []string{},
-			KeyPrefix:        "ai:flight",
-			DialTimeout:      time.Second,
-			ReadTimeout:      time.Second,
-			BlockingPoolSize: 4096,
+			Addrs:       []string{},
+			KeyPrefix:   "ai:flight",
+			DialTimeout: time.Second,
+			ReadTimeout: time.Second,
 		},
 		Flight: FlightConfig{
 			HeartbeatInterval: time.Second,

@@ -22,7 +22,7 @@ func altConfig() Config {
 		Redis: RedisConfig{
 			Addrs: []string{"r1:6379", "r2:6380"}, MasterName: "mymaster", Username: "u", Password: "p",
 			DB: 2, TLS: true, KeyPrefix: "x:flight", DialTimeout: 2 * time.Second,
-			ReadTimeout: 3 * time.Second, PoolSize: 50, BlockingPoolSize: 100,
+			ReadTimeout: 3 * time.Second, PoolSize: 50,
 		},
 		Flight: FlightConfig{
 			HeartbeatInterval: 2 * time.Second, LeaseTTL: 6 * time.Second,

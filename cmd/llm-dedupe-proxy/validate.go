@@ -87,7 +87,6 @@ func validate(cfg Config) error {
 	c.positive("redis.dial_timeout", r.DialTimeout)
 	c.positive("redis.read_timeout", r.ReadTimeout)
 	c.atLeast("redis.pool_size", int64(r.PoolSize), 0)
-	c.atLeast("redis.blocking_pool_size", int64(r.BlockingPoolSize), 1)
 
 	f := cfg.Flight
 	c.positive("flight.heartbeat_interval", f.HeartbeatInterval)

@@ -62,9 +62,8 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 	var clients []redis.UniversalClient
 	if len(cfg.Redis.Addrs) > 0 {
 		redis.SetLogger(redisLogger{logger})
-		opts.Redis = newRedis(cfg.Redis, false)
-		opts.BlockingRedis = newRedis(cfg.Redis, true)
-		clients = append(clients, opts.Redis, opts.BlockingRedis)
+		opts.Redis = newRedis(cfg.Redis)
+		clients = append(clients, opts.Redis)
 	}
 	group := singleflight.New(opts)
 
@@ -108,9 +107,9 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 }
 
 // newRedis returns a client for standalone (one address), Sentinel (master_name set) or
-// Cluster (several addresses). The blocking client holds one connection per key being
-// waited for, so its pool is large and its buffers small.
-func newRedis(c RedisConfig, blocking bool) redis.UniversalClient {
+// Cluster (several addresses). Followers wait on one pub/sub connection it opens besides
+// its pool, however many flights they wait for.
+func newRedis(c RedisConfig) redis.UniversalClient {
 	o := &redis.UniversalOptions{
 		Addrs:        c.Addrs,
 		MasterName:   c.MasterName,
@@ -128,11 +127,6 @@ func newRedis(c RedisConfig, blocking bool) redis.UniversalClient {
 	}
 	if c.TLS {
 		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	if blocking {
-		o.PoolSize = c.BlockingPoolSize
-		o.ReadBufferSize = 4 << 10
-		o.WriteBufferSize = 1 << 10
 	}
 	return redis.NewUniversalClient(o)
 }

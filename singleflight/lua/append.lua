@@ -19,10 +19,9 @@ if (tonumber(m[3]) or 0) + 1 >= tonumber(ARGV[7]) then
   return 2
 end
 if ARGV[3] ~= '' then
-  redis.call('XADD', KEYS[2], '*', 't', 'chunk', 'tok', ARGV[1], 'n', ARGV[2],
-    's', ARGV[3], 'h', ARGV[4], 'd', ARGV[5])
+  xadd(KEYS[2], {'t', 'chunk', 'tok', ARGV[1], 'n', ARGV[2], 's', ARGV[3], 'h', ARGV[4], 'd', ARGV[5]})
 else
-  redis.call('XADD', KEYS[2], '*', 't', 'chunk', 'tok', ARGV[1], 'n', ARGV[2], 'd', ARGV[5])
+  xadd(KEYS[2], {'t', 'chunk', 'tok', ARGV[1], 'n', ARGV[2], 'd', ARGV[5]})
 end
 redis.call('HSET', KEYS[1], 'n', ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])

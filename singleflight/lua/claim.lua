@@ -36,7 +36,7 @@ if m[1] == 'R' or m[1] == 'F' then
   end
 end
 
-local gen = redis.call('XADD', KEYS[2], '*', 't', 'gen', 'tok', ARGV[1], 'a', attempt)
+local gen = xadd(KEYS[2], {'t', 'gen', 'tok', ARGV[1], 'a', attempt})
 -- Older generations are over, but their followers may be between two reads: they stay
 -- for linger (stream IDs are this server's time); new readers start at gen.
 redis.call('XTRIM', KEYS[2], 'MINID', now - tonumber(ARGV[9]))

@@ -27,8 +27,7 @@ local data = ARGV[6]
 if tonumber(ARGV[2]) > 0 and n >= tonumber(ARGV[2]) then
   data = string.sub(data, tonumber(ARGV[3]) + 1)
 end
-redis.call('XADD', KEYS[2], '*', 't', 'done', 'tok', ARGV[1], 'n', n + 1,
-  's', ARGV[4], 'h', ARGV[5], 'd', data)
+xadd(KEYS[2], {'t', 'done', 'tok', ARGV[1], 'n', n + 1, 's', ARGV[4], 'h', ARGV[5], 'd', data})
 if ARGV[8] == '1' then
   redis.call('DEL', KEYS[3])
   redis.call('HSET', KEYS[3], 'status', ARGV[4], 'header', ARGV[5], 'body', ARGV[7], 'at', now, 'token', ARGV[1])

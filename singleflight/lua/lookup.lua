@@ -26,7 +26,7 @@ if cand ~= '' and m[2] == cand then
   return {'owner', tonumber(m[4]), m[5], tonumber(m[3])}
 end
 if cand ~= '' and (not m[1] or m[1] == 'D') then
-  local gen = redis.call('XADD', KEYS[3], '*', 't', 'gen', 'tok', cand, 'a', 1)
+  local gen = xadd(KEYS[3], {'t', 'gen', 'tok', cand, 'a', 1})
   -- The finished generation stays readable for linger: its followers may be between two
   -- reads. Only what is older than that goes (stream IDs are this server's time).
   redis.call('XTRIM', KEYS[3], 'MINID', now - tonumber(ARGV[6]))

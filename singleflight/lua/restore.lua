@@ -1,4 +1,4 @@
--- restore: prepended to each script an owner writes with (renew, append, complete, fail).
+-- restore: prepended (after wake.lua) to each script an owner writes with (renew, append, complete, fail).
 -- It puts back the meta of a running flight that Redis lost (a restart without persistence,
 -- a failover to a replica that had not received the claim) for the owner that still holds
 -- its lease by Redis's own clock: a compare-and-set on absence, so that new callers follow
@@ -16,7 +16,7 @@ local function restore(meta, stream, token)
   if now >= tonumber(ARGV[r + 2]) then
     return -- the lease ran out: another may have owned and finished the flight since
   end
-  local gen = redis.call('XADD', stream, '*', 't', 'gen', 'tok', token, 'a', ARGV[r + 1])
+  local gen = xadd(stream, {'t', 'gen', 'tok', token, 'a', ARGV[r + 1]})
   redis.call('HSET', meta, 'state', 'R', 'token', token, 'owner', ARGV[r],
     'lease_until', now + tonumber(ARGV[r + 4]), 'attempt', ARGV[r + 1], 'created', now,
     'gen', gen, 'n', ARGV[r + 3])

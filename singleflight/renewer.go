@@ -1,0 +1,114 @@
+package singleflight
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// renewer renews the leases of every flight this process owns, all at once every
+// HeartbeatInterval: one pipeline (go-redis splits it per Cluster node), then one message on
+// the instance's alive channel, which lets followers everywhere wait without looking their
+// flights up. Ten thousand owned flights cost one goroutine and one round trip per
+// interval, not ten thousand of each.
+//
+// A renewal belongs to its attempt: it is registered when the owner function starts and
+// removed at the attempt's final write; it is skipped once the attempt's hard timeout ran
+// out, so a stuck owner function can never be kept alive by it.
+type renewer struct {
+	r *remote
+
+	mu      sync.Mutex
+	owned   map[*renewal]struct{}
+	started bool
+}
+
+// renewal is one owned attempt's lease.
+type renewal struct {
+	o      *remoteOwnership
+	ctx    context.Context         // the attempt under its hard timeout
+	cancel context.CancelCauseFunc // owner suicide: ErrLeaseLost
+}
+
+func newRenewer(r *remote) *renewer { return &renewer{r: r, owned: map[*renewal]struct{}{}} }
+
+// add registers an attempt's lease until the returned stop is called.
+func (rn *renewer) add(ctx context.Context, o *remoteOwnership, cancel context.CancelCauseFunc) (stop func()) {
+	rl := &renewal{o: o, ctx: ctx, cancel: cancel}
+	rn.mu.Lock()
+	rn.owned[rl] = struct{}{}
+	if !rn.started {
+		// The first owner starts the loop; the leader goroutine calling add is counted by
+		// the Group's WaitGroup, so adding to it is safe.
+		rn.started = true
+		rn.r.g.wg.Add(1)
+		go rn.loop()
+	}
+	rn.mu.Unlock()
+	return sync.OnceFunc(func() {
+		rn.mu.Lock()
+		delete(rn.owned, rl)
+		rn.mu.Unlock()
+	})
+}
+
+func (rn *renewer) loop() {
+	g := rn.r.g
+	defer g.wg.Done()
+	t := time.NewTicker(g.opts.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.ctx.Done():
+			return
+		case <-t.C:
+		}
+		rn.mu.Lock()
+		batch := make([]*renewal, 0, len(rn.owned))
+		for rl := range rn.owned {
+			if rl.ctx.Err() == nil {
+				batch = append(batch, rl)
+			}
+		}
+		rn.mu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
+		if g.hooks.beforeRenew != nil {
+			g.hooks.beforeRenew(g.ctx)
+		}
+		rn.renew(batch)
+	}
+}
+
+// renew sends one batch of renewals, and the alive message after them.
+func (rn *renewer) renew(batch []*renewal) {
+	r := rn.r
+	g := r.g
+	ctx, cancel := context.WithTimeout(g.ctx, writeTimeout(g))
+	defer cancel()
+	cmds := make([]*redis.Cmd, len(batch))
+	_, _ = r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, rl := range batch {
+			cmds[i] = rl.o.renewCmd(ctx, p)
+		}
+		p.Publish(ctx, r.wake.aliveChannel(g.opts.InstanceID), "")
+		return nil
+	})
+	for i, rl := range batch {
+		v, err := cmds[i].Int64()
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			v, err = rl.o.renewOne(ctx) // scripts flushed (a restart): load and run it
+		}
+		err = rl.o.renewed(v, err)
+		switch {
+		case errors.Is(err, ErrLeaseLost):
+			rl.cancel(ErrLeaseLost)
+		case err != nil && rl.ctx.Err() == nil:
+			g.observe(Event{Kind: EventHeartbeatFailed, Key: rl.o.key, Err: err})
+		}
+	}
+}

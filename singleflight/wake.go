@@ -1,0 +1,301 @@
+package singleflight
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Followers are woken by push. Every script that adds an entry to a flight's stream also
+// publishes it on the channel named like the stream (wake.lua), and each process holds one
+// pub/sub connection on which its followers' channels are subscribed. So a process waits
+// for ten thousand flights over one connection, and sends no command while it waits.
+//
+// No lost wake-up: a follower subscribes, waits for Redis to confirm it, and only then
+// reads the stream from its position; every later entry reaches it as a message. Redis
+// confirms every subscription again after go-redis reconnects the connection, and every
+// confirmation makes the followers of that channel read the stream again, so messages lost
+// with a connection are read from the stream. Owners also publish, once per heartbeat, that
+// they are alive (aliveChannel): a follower extends its wait by a lease on each, and looks
+// the flight up only when its owner has fallen silent.
+
+// wakeHub is a process's pub/sub connection and the followers waiting on it.
+type wakeHub struct {
+	r *remote
+
+	mu      sync.Mutex
+	ps      *redis.PubSub
+	watches map[string][]*watch // channel → its watchers
+}
+
+// watch is one follower's subscription to a channel: the messages it has not taken yet.
+type watch struct {
+	hub     *wakeHub
+	channel string
+	notify  chan struct{} // has room for one: set when there is something to take
+
+	mu        sync.Mutex
+	queue     []redis.XMessage // entries pushed, in order
+	resync    bool             // (re)subscribed, or the connection broke: read the stream
+	alive     bool             // the owner said it is alive
+	confirmed bool             // Redis confirmed the subscription
+	broken    bool             // the connection failed since the watch began
+}
+
+func newWakeHub(r *remote) *wakeHub {
+	return &wakeHub{r: r, watches: map[string][]*watch{}}
+}
+
+// aliveChannel is where the owner instance id publishes that it renewed its leases.
+func (h *wakeHub) aliveChannel(instance string) string {
+	return h.r.g.opts.KeyPrefix + ":alive:" + instance
+}
+
+// watch subscribes to channel and returns once Redis has confirmed it (the watch then
+// holds resync), or with an error if it does not within the client's read timeout.
+func (h *wakeHub) watch(ctx context.Context, channel string) (*watch, error) {
+	w := &watch{hub: h, channel: channel, notify: make(chan struct{}, 1)}
+	h.mu.Lock()
+	if err := h.start(); err != nil {
+		h.mu.Unlock()
+		return nil, err
+	}
+	first := len(h.watches[channel]) == 0
+	h.watches[channel] = append(h.watches[channel], w)
+	ps := h.ps
+	h.mu.Unlock()
+	if !first {
+		w.mu.Lock()
+		w.resync, w.confirmed = true, true // already subscribed: read, then trust messages
+		w.mu.Unlock()
+		w.wake()
+	} else if err := ps.Subscribe(ctx, channel); err != nil {
+		w.close()
+		return nil, err
+	}
+	t := time.NewTimer(h.confirmTimeout())
+	defer t.Stop()
+	for {
+		select {
+		case <-w.notify:
+		case <-t.C:
+			w.close()
+			return nil, errors.New("singleflight: subscription not confirmed in time")
+		case <-ctx.Done():
+			w.close()
+			return nil, context.Cause(ctx)
+		}
+		w.mu.Lock()
+		confirmed, broken := w.confirmed, w.broken
+		w.mu.Unlock()
+		if confirmed {
+			w.wake() // keep the signal for the follower's loop
+			return w, nil
+		}
+		if broken {
+			w.close()
+			return nil, errors.New("singleflight: pub/sub connection failed")
+		}
+	}
+}
+
+func (h *wakeHub) confirmTimeout() time.Duration {
+	if d := h.r.g.opts.LeaseTTL; d < 2*time.Second {
+		return 2 * time.Second
+	}
+	return h.r.g.opts.LeaseTTL
+}
+
+// start opens the pub/sub connection and its reader, once; h.mu held. It is called by a
+// flight's leader goroutine, which the Group's WaitGroup counts, so adding to it is safe.
+func (h *wakeHub) start() error {
+	if h.ps != nil {
+		return nil
+	}
+	g := h.r.g
+	if g.ctx.Err() != nil {
+		return ErrClosed
+	}
+	g.wg.Add(2)
+	h.ps = h.r.rdb.Subscribe(g.ctx)
+	ps := h.ps
+	go func() {
+		defer g.wg.Done()
+		<-g.ctx.Done()
+		_ = ps.Close()
+	}()
+	go h.receive(ps)
+	return nil
+}
+
+// receive routes what the connection brings: a confirmed subscription makes its watchers
+// read the stream again, a message goes to its channel's watchers.
+func (h *wakeHub) receive(ps *redis.PubSub) {
+	g := h.r.g
+	defer g.wg.Done()
+	backoff := 10 * time.Millisecond
+	for {
+		v, err := ps.Receive(g.ctx)
+		if g.ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			// Messages may be lost: every follower reads its stream (one whose Redis is
+			// down finds out at once, and goes local-only).
+			h.all(func(w *watch) { w.mu.Lock(); w.broken, w.resync = true, true; w.mu.Unlock() })
+			// go-redis reconnects and subscribes again on the next Receive; wait a little
+			// so that a Redis that is down does not make this a busy loop.
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-g.ctx.Done():
+				t.Stop()
+				return
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 10 * time.Millisecond
+		switch m := v.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" {
+				h.each(m.Channel, func(w *watch) { w.mu.Lock(); w.resync, w.confirmed = true, true; w.mu.Unlock() })
+			}
+		case *redis.Message:
+			if strings.HasPrefix(m.Channel, h.r.g.opts.KeyPrefix+":alive:") {
+				h.each(m.Channel, func(w *watch) { w.mu.Lock(); w.alive = true; w.mu.Unlock() })
+				continue
+			}
+			e, ok := decodeEntry(m.Payload)
+			if !ok {
+				h.each(m.Channel, func(w *watch) { w.mu.Lock(); w.resync = true; w.mu.Unlock() })
+				continue
+			}
+			h.each(m.Channel, func(w *watch) { w.mu.Lock(); w.queue = append(w.queue, e); w.mu.Unlock() })
+		}
+	}
+}
+
+// all runs fn on every watcher, then wakes it.
+func (h *wakeHub) all(fn func(*watch)) {
+	h.mu.Lock()
+	var ws []*watch
+	for _, cw := range h.watches {
+		ws = append(ws, cw...)
+	}
+	h.mu.Unlock()
+	for _, w := range ws {
+		fn(w)
+		w.wake()
+	}
+}
+
+// each runs fn on every watcher of channel, then wakes it.
+func (h *wakeHub) each(channel string, fn func(*watch)) {
+	h.mu.Lock()
+	ws := h.watches[channel]
+	h.mu.Unlock()
+	for _, w := range ws {
+		fn(w)
+		w.wake()
+	}
+}
+
+func (w *watch) wake() {
+	select {
+	case w.notify <- struct{}{}:
+	default:
+	}
+}
+
+// take returns what was pushed since the last take: whether the stream must be read
+// first, whether the owner said it is alive, and the entries pushed.
+func (w *watch) take() (resync, alive bool, entries []redis.XMessage) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	resync, alive, entries = w.resync, w.alive, w.queue
+	w.resync, w.alive, w.queue = false, false, nil
+	return resync, alive, entries
+}
+
+// close ends the watch; the channel is unsubscribed when its last watcher leaves.
+func (w *watch) close() {
+	h := w.hub
+	h.mu.Lock()
+	ws := h.watches[w.channel]
+	for i, x := range ws {
+		if x == w {
+			ws = append(ws[:i:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(ws) > 0 {
+		h.watches[w.channel] = ws
+		h.mu.Unlock()
+		return
+	}
+	delete(h.watches, w.channel)
+	ps := h.ps
+	h.mu.Unlock()
+	if ps != nil && h.r.g.ctx.Err() == nil {
+		// Not waited for: a late message for it finds no watcher and is dropped.
+		_ = ps.Unsubscribe(context.WithoutCancel(h.r.g.ctx), w.channel)
+	}
+}
+
+// decodeEntry parses a message of wake.lua: the entry's ID, then its fields, each
+// "<len>:<bytes>". An entry published without its data (x=1) is not taken as pushed.
+func decodeEntry(p string) (redis.XMessage, bool) {
+	next := func() (string, bool) {
+		i := strings.IndexByte(p, ':')
+		if i < 0 {
+			return "", false
+		}
+		n, err := strconv.Atoi(p[:i])
+		if err != nil || n < 0 || i+1+n > len(p) {
+			return "", false
+		}
+		s := p[i+1 : i+1+n]
+		p = p[i+1+n:]
+		return s, true
+	}
+	id, ok := next()
+	if !ok {
+		return redis.XMessage{}, false
+	}
+	m := redis.XMessage{ID: id, Values: map[string]any{}}
+	for p != "" {
+		k, ok1 := next()
+		v, ok2 := next()
+		if !ok1 || !ok2 {
+			return redis.XMessage{}, false
+		}
+		m.Values[k] = v
+	}
+	if m.Values["x"] == "1" {
+		return redis.XMessage{}, false
+	}
+	return m, true
+}
+
+// afterID reports whether stream ID a comes after b ("ms-seq" each; "" before all).
+func afterID(a, b string) bool {
+	if b == "" {
+		return true
+	}
+	am, as, _ := strings.Cut(a, "-")
+	bm, bs, _ := strings.Cut(b, "-")
+	ami, _ := strconv.ParseUint(am, 10, 64)
+	bmi, _ := strconv.ParseUint(bm, 10, 64)
+	if ami != bmi {
+		return ami > bmi
+	}
+	asi, _ := strconv.ParseUint(as, 10, 64)
+	bsi, _ := strconv.ParseUint(bs, 10, 64)
+	return asi > bsi
+}
