@@ -29,7 +29,7 @@ func (p *position) switchTo(f *flight, d decision) {
 // on from where they are. One that followed another attempt gives that generation up for
 // it; one that followed nothing is a hit.
 func (r *remote) serveHit(f *flight, d decision, pos *position) {
-	r.g.keep(f.key, d.head, d.body, d.age)
+	r.g.keepFor(f.key, d.head, d.body, d.age, d.ttl)
 	switch {
 	case pos.token == "":
 		f.finishHit(d.head, d.body, d.age)
@@ -80,7 +80,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 		if pos.last == "" || streamTried {
 			candidate = r.newToken(ctx)
 		}
-		d, err := r.lookup(ctx, f.key, f.noCache, candidate)
+		d, err := r.lookup(ctx, f.key, f.noCache, candidate, f.call)
 		if err != nil {
 			local = true
 			continue
@@ -163,7 +163,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			if g.hooks.beforeClaim != nil {
 				g.hooks.beforeClaim()
 			}
-			c, err = r.claim(ctx, f.key, token, d, fresh)
+			c, err = r.claim(ctx, f.key, token, d, fresh, f.call)
 			if err != nil {
 				local = true
 				continue
@@ -262,7 +262,7 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 			if r.g.hooks.readGap != nil {
 				r.g.hooks.readGap()
 			}
-			d, lerr := r.lookup(ctx, f.key, f.noCache, "")
+			d, lerr := r.lookup(ctx, f.key, f.noCache, "", f.call)
 			if lerr != nil {
 				return followEnd{kind: followRedisErr, err: lerr}
 			}
