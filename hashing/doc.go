@@ -92,4 +92,13 @@
 //     gateways that put the tenant in a header of their own.
 //   - global: the constant "global". Every client shares results; safe only when the proxy
 //     itself authenticates clients and they are allowed to see each other's answers.
+//
+// # Namespaces
+//
+// [Hasher.KeyIn] adds a [Namespace] to the scope part: ";ns=" and the name in hex, then
+// ";gen=" and the namespace's generation in decimal. ';' is not part of any scope's text
+// (header names are tokens, the rest is fixed or hex), so no namespaced key can be made
+// without one. The zero Namespace adds nothing: [Hasher.Key]'s keys are unchanged. A new
+// generation makes new keys for every request of the namespace, which is how a whole
+// namespace is purged at once.
 package hashing

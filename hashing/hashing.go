@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 )
 
@@ -48,6 +49,18 @@ type Request struct {
 //
 // Model and Stream are read from the body as sent, before any field is ignored.
 func (h *Hasher) Key(method, path string, header http.Header, body []byte) (Request, error) {
+	return h.KeyIn(Namespace{}, method, path, header, body)
+}
+
+// Namespace separates the answers of an application (a name a client chooses) and lets an
+// operator drop them all at once (a new generation). The zero value is no namespace.
+type Namespace struct {
+	Name string
+	Gen  uint64
+}
+
+// KeyIn is Key inside namespace ns; see the package documentation.
+func (h *Hasher) KeyIn(ns Namespace, method, path string, header http.Header, body []byte) (Request, error) {
 	p := getParser(body)
 	defer putParser(p)
 	root, err := p.parse()
@@ -64,6 +77,12 @@ func (h *Hasher) Key(method, path string, header http.Header, body []byte) (Requ
 	req.Folded = p.fold(root, path)
 
 	out := h.opts.Scope.appendMaterial(p.out[:0], header, &p.scratch)
+	if ns != (Namespace{}) {
+		out = append(out, ";ns="...)
+		out = hex.AppendEncode(out, []byte(ns.Name))
+		out = append(out, ";gen="...)
+		out = strconv.AppendUint(out, ns.Gen, 10)
+	}
 	out = append(out, 0)
 	out = append(out, method...)
 	out = append(out, ' ')

@@ -55,6 +55,13 @@ var takeoverReasons = []string{"expired", "failed", "shutdown", "degraded"}
 // flightRoles are the roles a local flight can be given (EventRole), pre-initialised too.
 var flightRoles = []string{"owner", "follower", "hit"}
 
+// purgeKinds are the kinds of purge (EventPurge, EventInvalidated), pre-initialised too.
+var purgeKinds = []string{"answer", "namespace"}
+
+// invalidationKinds are purgeKinds and "all", which is not pre-initialised: it only
+// happens when a subscription was lost.
+var invalidationKinds = []string{"answer", "namespace", "all"}
+
 // durationBuckets span what an LLM proxy sees: a cache hit in about a millisecond up to a
 // long generation of several minutes, 16 buckets growing by about ×1.7.
 var durationBuckets = prometheus.ExponentialBucketsRange(0.001, 300, 16)
@@ -81,6 +88,8 @@ type Metrics struct {
 	redisErrors       *prometheus.CounterVec
 	degraded          prometheus.Gauge
 	followerWait      prometheus.Histogram
+	purges            *prometheus.CounterVec
+	invalidations     *prometheus.CounterVec
 
 	models modelSet
 }
@@ -176,7 +185,21 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:      "Time a local flight spent following an owner in another process, until its outcome or a takeover.",
 			Buckets:   durationBuckets,
 		}),
+		purges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "purges_total",
+			Help:      "Purges asked of this instance through the admin API, by kind (answer, namespace).",
+		}, []string{"kind"}),
+		invalidations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "purge_invalidations_total",
+			Help:      "Purges applied to this instance's memory as they arrived from any instance, by kind (answer, namespace; all: everything after a lost subscription).",
+		}, []string{"kind"}),
 		models: modelSet{max: MaxModels},
+	}
+	for _, k := range purgeKinds {
+		m.purges.WithLabelValues(k)
+		m.invalidations.WithLabelValues(k)
 	}
 	for _, r := range takeoverReasons {
 		m.takeovers.WithLabelValues(r)
@@ -189,6 +212,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.savedRequests, m.savedTokens, m.waiting,
 		m.inflight, m.roles, m.takeovers, m.leaseLost, m.fencedWrites,
 		m.heartbeatFailures, m.redisErrors, m.degraded, m.followerWait,
+		m.purges, m.invalidations,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

@@ -34,6 +34,10 @@ func (m *Metrics) Observe(e singleflight.Event) {
 		m.inflight.Inc()
 	case singleflight.EventFlightEnd:
 		m.inflight.Dec()
+	case singleflight.EventPurge:
+		m.purges.WithLabelValues(bounded(e.Op, purgeKinds)).Inc()
+	case singleflight.EventInvalidated:
+		m.invalidations.WithLabelValues(bounded(e.Op, invalidationKinds)).Inc()
 	case singleflight.EventWait:
 		m.followerWait.Observe(e.Duration.Seconds())
 	}

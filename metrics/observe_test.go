@@ -219,3 +219,21 @@ func TestObserveConcurrent(t *testing.T) {
 		t.Errorf("saved prompt tokens: got %g; want %g", prompt, want)
 	}
 }
+
+func TestPurgesAreCounted(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := New(reg)
+	m.Observe(singleflight.Event{Kind: singleflight.EventPurge, Op: "answer"})
+	m.Observe(singleflight.Event{Kind: singleflight.EventPurge, Op: "namespace"})
+	m.Observe(singleflight.Event{Kind: singleflight.EventPurge, Op: "namespace"})
+	m.Observe(singleflight.Event{Kind: singleflight.EventInvalidated, Op: "all"})
+	for _, c := range []struct {
+		c    prometheus.Collector
+		kind string
+		want float64
+	}{{m.purges, "answer", 1}, {m.purges, "namespace", 2}, {m.invalidations, "all", 1}, {m.invalidations, "answer", 0}} {
+		if got := testutil.ToFloat64(c.c.(*prometheus.CounterVec).WithLabelValues(c.kind)); got != c.want {
+			t.Errorf("%s: got %v; want %v", c.kind, got, c.want)
+		}
+	}
+}

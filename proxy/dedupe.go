@@ -43,7 +43,14 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			writeError(w, http.StatusBadRequest, "invalid_request_error", "body_unreadable", "the request body could not be read")
 			return
 		}
-		req, err := p.cfg.Hasher.Key(r.Method, keyPath(r.URL), r.Header, body)
+		ns := r.Header.Get(HeaderNamespace)
+		if !validNamespace(ns) {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_namespace",
+				HeaderNamespace+" must be at most 64 letters, digits and . _ - :")
+			return
+		}
+		gen, genErr := p.cfg.Flights.Generation(r.Context(), ns)
+		req, err := p.cfg.Hasher.KeyIn(hashing.Namespace{Name: ns, Gen: gen}, r.Method, keyPath(r.URL), r.Header, body)
 		if err != nil {
 			msg := "the request body is not valid JSON"
 			if errors.Is(err, hashing.ErrInvalidJSON) {
@@ -54,8 +61,15 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 		}
 		info.key = req.Key
 		cc := cacheControl(r.Header)
-		fn := p.ownerFunc(route, r, body, req.Stream, cc.noStore)
-		rd, err := p.cfg.Flights.Do(req.Key, cc.noCache, fn)
+		if genErr != nil {
+			// The namespace may have been purged: its stored answers are neither served
+			// nor made.
+			cc.noCache, cc.noStore = true, true
+		}
+		fn := p.ownerFunc(route, r, body, req.Stream, p.storePolicy(route, req.Model, cc.noStore))
+		rd, err := p.cfg.Flights.DoWith(req.Key, singleflight.CallOptions{
+			NoCache: cc.noCache, MaxAge: cc.maxAge, Route: route, Model: shortModel(req.Model),
+		}, fn)
 		if err != nil {
 			writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the proxy is shutting down")
 			return
@@ -166,22 +180,12 @@ func keyPath(u *url.URL) string {
 	return u.Path + "?" + q.Encode()
 }
 
-// controls are the request's Cache-Control directives the proxy obeys.
-type controls struct{ noCache, noStore bool }
-
-func cacheControl(h http.Header) controls {
-	var c controls
-	for _, v := range h.Values("Cache-Control") {
-		for _, d := range strings.Split(v, ",") {
-			switch strings.ToLower(strings.TrimSpace(d)) {
-			case "no-cache":
-				c.noCache = true
-			case "no-store":
-				c.noStore = true
-			}
-		}
+// shortModel is a model name as the flights listing shows it: clients choose it.
+func shortModel(m string) string {
+	if len(m) > 100 {
+		return m[:100]
 	}
-	return c
+	return m
 }
 
 func isSSE(h map[string][]string) bool {

@@ -60,6 +60,9 @@ func newInstance(t testing.TB, up *upstream, s setup) *instance {
 	m := metrics.New(reg)
 	o := s.flight
 	o.Observer = m
+	if s.flight.Observer != nil {
+		o.Observer = tee{m, s.flight.Observer}
+	}
 	if o.TakeoverJitter == 0 {
 		o.TakeoverJitter = 20 * time.Millisecond
 	}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -18,7 +19,9 @@ import (
 
 // Flights is the single-flight coordinator the proxy needs; *singleflight.Group is one.
 type Flights interface {
-	Do(key string, noCache bool, fn singleflight.Func) (*singleflight.Reader, error)
+	DoWith(key string, o singleflight.CallOptions, fn singleflight.Func) (*singleflight.Reader, error)
+	// Generation is a namespace's current generation, part of its requests' keys.
+	Generation(ctx context.Context, ns string) (uint64, error)
 	Backend() string
 	Degraded() bool
 }
@@ -61,6 +64,13 @@ type Config struct {
 	Metrics http.Handler
 	// Logger logs one line per request. If nil, slog.Default().
 	Logger *slog.Logger
+	// StoreRules decide by route and model how long answers are stored; the first that
+	// matches wins, and one with TTL 0 stores nothing. If none matches, the Flights' own
+	// result TTL applies.
+	StoreRules []StoreRule
+	// NoStoreToolCalls shares answers that ask the client to call a tool with their
+	// flight, but does not store them.
+	NoStoreToolCalls bool
 }
 
 // DefaultPaths are the OpenAI routes whose identical requests give interchangeable answers.

@@ -56,7 +56,7 @@ func outcomeOf(status int) singleflight.Outcome {
 // The request's headers are read only if it becomes an owner (most requests are followers
 // or hits); nothing writes them after the handler has read the body, and the server does
 // not reuse a Request, so the function may read them after the handler returned.
-func (p *Proxy) ownerFunc(route string, r *http.Request, body []byte, stream, noStore bool) singleflight.Func {
+func (p *Proxy) ownerFunc(route string, r *http.Request, body []byte, stream bool, st storing) singleflight.Func {
 	in := r.Header
 	target := p.upstreamURL(r.URL.Path, r.URL.RawQuery)
 	method := r.Method
@@ -83,15 +83,24 @@ func (p *Proxy) ownerFunc(route string, r *http.Request, body []byte, stream, no
 			}
 		}
 		outcome := outcomeOf(resp.StatusCode)
-		if outcome == singleflight.Store && noStore {
+		if outcome == singleflight.Store && st.noStore {
 			outcome = singleflight.Share
+		}
+		var src io.Reader = resp.Body
+		tools := &toolCallScan{r: resp.Body}
+		if st.noToolCalls && outcome == singleflight.Store {
+			src = tools
 		}
 		var res singleflight.Result
 		if stream && resp.StatusCode/100 == 2 && isSSE(resp.Header) {
-			res, err = p.relay(ctx, cancel, resp.Body, w, head, route)
+			res, err = p.relay(ctx, cancel, src, w, head, route)
 		} else {
-			res, err = p.readWhole(ctx, cancel, resp.Body, head)
+			res, err = p.readWhole(ctx, cancel, src, head)
 		}
+		if tools.found {
+			outcome = singleflight.Share
+		}
+		res.TTL = st.ttl
 		// The stricter of the status policy and what reading the body found (Store <
 		// Share < Retry): an incomplete stream is shared but never stored.
 		res.Outcome = max(res.Outcome, outcome)

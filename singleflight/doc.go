@@ -28,10 +28,12 @@
 //
 // With the prefix P (default "ai:flight") and the key K:
 //
-//	P:meta:{K}    hash    state R|D|F, token, owner, lease_until, attempt, created, gen, n
+//	P:meta:{K}    hash    state R|D|F, token, owner, lease_until, attempt, created, gen, n, route, model
 //	P:stream:{K}  stream  gen, chunk, done, failed entries, each with the writer's token
 //	P:result:{K}  hash    status, header, body, at, token   (only for a stored outcome)
 //	P:owner-seq   string  INCR counter, first part of every fencing token
+//	P:ns:NAME     string  generation of namespace NAME (see purge.go)
+//	P:invalidate  channel purges, for every instance's memory (see purge.go)
 //
 // The {K} hash tag puts a flight's three keys in one Cluster slot, so one script touches them
 // atomically. owner-seq lives in another slot: an instance reserves its numbers in blocks

@@ -20,6 +20,8 @@ type flight struct {
 	lkey    string // its key in Group.flights
 	noCache bool
 	fn      Func
+	call    CallOptions // what the caller that started it asked for
+	started time.Time
 
 	cancel context.CancelCauseFunc // ends the flight's leader loop
 
@@ -43,6 +45,7 @@ type flight struct {
 	// leaderFail is the failed response of an attempt run with the leader's own function;
 	// the leader's reader gets it as is (its own upstream answer), others wait for a retry.
 	leaderFail *Result
+	attempts   int // owned attempts run here, for the flights listing
 }
 
 func newFlight(key, lkey string, noCache bool, fn Func, cancel context.CancelCauseFunc) *flight {
@@ -61,8 +64,19 @@ func (f *flight) startGen(role Role, owning bool) {
 	defer f.mu.Unlock()
 	f.gen++
 	f.role, f.owning = role, owning
+	f.attempts += btoi(owning)
 	f.head, f.chunks = nil, nil
 	f.broadcast()
+}
+
+// decide records the role the leader decided, before its generation starts, so that a
+// caller joining from then on knows the flight serves no stored answer (see joinable).
+func (f *flight) decide(role Role) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.role == RoleUnknown {
+		f.role = role
+	}
 }
 
 // resetGen abandons the current generation (failed attempt, lost lease, new remote owner).

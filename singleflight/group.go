@@ -82,6 +82,9 @@ type Result struct {
 	Head    Head
 	Body    []byte
 	Outcome Outcome
+	// TTL keeps a Store outcome this long instead of Options.ResultTTL (a store policy per
+	// route or model). If zero, Options.ResultTTL is used.
+	TTL time.Duration
 }
 
 // Func runs the upstream call of a flight. ctx is the flight context: detached from every
@@ -124,6 +127,9 @@ type Options struct {
 	Observer Observer
 	// InstanceID names this process in tokens and meta. If empty, a random one is used.
 	InstanceID string
+	// MaxResultTTL is the longest TTL any Result asks for: a namespace's generation is
+	// kept that long after its last purge (see PurgeNamespace). If zero, ResultTTL.
+	MaxResultTTL time.Duration
 }
 
 func (o *Options) setDefaults() {
@@ -183,6 +189,7 @@ type Group struct {
 
 	degraded atomic.Bool
 	hooks    hooks
+	inv      invalidation // purges and namespace generations; see purge.go
 }
 
 // hooks let the package's tests stop the world at the points where faults matter.
@@ -197,7 +204,8 @@ type hooks struct {
 type storedResult struct {
 	head Head
 	body []byte
-	at   time.Time // monotonic: age and expiry never depend on wall-clock steps
+	at   time.Time     // monotonic: age and expiry never depend on wall-clock steps
+	ttl  time.Duration // kept until at+ttl
 }
 
 // cached returns key's stored result if it has not expired.
@@ -206,7 +214,7 @@ func (g *Group) cached(key string) (storedResult, bool) {
 	if !ok {
 		return sr, false
 	}
-	if g.opts.ResultTTL <= 0 || time.Since(sr.at) >= g.opts.ResultTTL {
+	if time.Since(sr.at) >= sr.ttl {
 		g.cache.Remove(key)
 		return sr, false
 	}
@@ -215,9 +223,7 @@ func (g *Group) cached(key string) (storedResult, bool) {
 
 // keep stores a result in this process, made age ago.
 func (g *Group) keep(key string, head Head, body []byte, age time.Duration) {
-	if g.opts.ResultTTL > age {
-		g.cache.Add(key, storedResult{head: head, body: body, at: time.Now().Add(-age)})
-	}
+	g.keepFor(key, head, body, age, g.opts.ResultTTL)
 }
 
 // New returns a Group. Close it to stop its goroutines.
@@ -233,6 +239,7 @@ func New(opts Options) *Group {
 	if opts.Redis != nil {
 		g.remote = newRemote(g)
 	}
+	g.startInvalidation()
 	return g
 }
 
@@ -251,16 +258,22 @@ func (g *Group) Degraded() bool { return g.degraded.Load() }
 // wait: the caller's Reader blocks in Next. With noCache, a stored result is not served
 // (an in-flight one is still joined). The caller must Close the Reader.
 func (g *Group) Do(key string, noCache bool, fn Func) (*Reader, error) {
+	return g.DoWith(key, CallOptions{NoCache: noCache}, fn)
+}
+
+// DoWith is Do with the caller's options: freshness, and what the flights listing shows.
+func (g *Group) DoWith(key string, o CallOptions, fn Func) (*Reader, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
 		return nil, ErrClosed
 	}
-	f, lkey := g.joinable(key, noCache)
+	f, lkey := g.joinableWith(key, o)
 	leader := f == nil
 	if leader {
 		ctx, cancel := context.WithCancelCause(g.ctx)
-		f = newFlight(key, lkey, noCache, fn, cancel)
+		f = newFlight(key, lkey, o.NoCache, fn, cancel)
+		f.call, f.started = o, time.Now()
 		g.flights[lkey] = f
 		g.wg.Add(1)
 		go g.lead(ctx, f)

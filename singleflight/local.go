@@ -33,7 +33,7 @@ func (g *Group) lead(ctx context.Context, f *flight) {
 		g.observe(Event{Kind: EventFlightEnd, Key: f.key})
 	}()
 	if !f.noCache {
-		if sr, ok := g.cached(f.key); ok {
+		if sr, ok := g.cachedWithin(f.key, f.call.MaxAge); ok {
 			g.observe(Event{Kind: EventRole, Key: f.key, Role: RoleHit})
 			f.finishHit(sr.head, sr.body, time.Since(sr.at))
 			return
@@ -43,6 +43,7 @@ func (g *Group) lead(ctx context.Context, f *flight) {
 		g.remote.lead(ctx, f)
 		return
 	}
+	f.decide(RoleOwner)
 	g.observe(Event{Kind: EventRole, Key: f.key, Role: RoleOwner})
 	g.leadLocal(ctx, f, 1)
 }

@@ -26,6 +26,9 @@ const (
 	EventWait                                 // a follower's wait for a remote owner ended (Duration)
 	EventShardDown                            // one Redis shard cannot be used (Op: its master's address; "" = all of Redis)
 	EventShardUp                              // that shard answers again (Op)
+	EventPurge                                // this Group purged stored answers (Op: answer or namespace)
+	EventInvalidated                          // a purge reached this Group's memory (Op: answer, namespace, or all after a lost subscription)
+	EventSubscribed                           // the purge subscription is (again) listening
 )
 
 // Event is one thing that happened. Only the fields its kind names are set.

@@ -34,6 +34,7 @@ type final struct {
 	skip       int
 	transcript []byte
 	store      bool
+	ttl        time.Duration // of the stored answer
 }
 
 // attemptEnd is how one owned attempt ended.
@@ -83,13 +84,14 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 		err = cause
 	}
 	if err == nil && res.Outcome != Retry && res.Head.Status != 0 {
-		store := res.Outcome == Store && g.opts.ResultTTL > 0
-		fin := final{head: res.Head, store: store}
+		ttl := g.resultTTL(res)
+		store := res.Outcome == Store && ttl > 0
+		fin := final{head: res.Head, store: store, ttl: ttl}
 		fin.tail, fin.landedN, fin.skip = w.tail()
 		fin.tail = append(fin.tail, res.Body...)
 		if store { // the whole answer is put together only to be stored
 			fin.transcript = w.transcript(res.Body)
-			g.keep(f.key, fin.head, fin.transcript, 0) // kept here even if Redis is down
+			g.keepFor(f.key, fin.head, fin.transcript, 0, ttl) // kept here even if Redis is down
 		}
 		// The flight ends for its local readers once the final write is done, not before:
 		// a request sent after an answer arrived must never find that flight running.

@@ -111,15 +111,17 @@ type decision struct {
 	head      Head   // hit
 	body      []byte // hit
 	age       time.Duration
+	ttl       time.Duration // hit: its whole time to live, age included (0: unknown)
 }
 
 // lookup asks what a caller of key should do; with a candidate token it may claim the
 // flight at once (answer "owner"; the caller then uses the token up).
-func (r *remote) lookup(ctx context.Context, key string, noCache bool, candidate string) (decision, error) {
+func (r *remote) lookup(ctx context.Context, key string, noCache bool, candidate string, co CallOptions) (decision, error) {
 	k := r.keys(key)
 	o := r.g.opts
 	v, err := lookupScript.Run(ctx, r.rdb, []string{k.meta, k.result, k.stream},
-		flag(noCache), candidate, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.Linger.Milliseconds()).Slice()
+		flag(noCache), candidate, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.Linger.Milliseconds(),
+		co.MaxAge.Milliseconds(), co.Route, co.Model).Slice()
 	if err != nil {
 		return decision{}, r.redisErr("lookup", key, err)
 	}
@@ -130,6 +132,9 @@ func (r *remote) lookup(ctx context.Context, key string, noCache bool, candidate
 		d.body = []byte(str(v, 3))
 		d.age = time.Duration(num(v, 4)) * time.Millisecond
 		d.token = str(v, 5)
+		if left := num(v, 6); left > 0 {
+			d.ttl = d.age + time.Duration(left)*time.Millisecond
+		}
 	case "follow":
 		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
 	case "claim":
@@ -172,12 +177,12 @@ func (r *remote) newToken(ctx context.Context) string {
 
 // claim takes the flight over with token, if its meta is still what the lookup seen
 // answered: the same token in the same state.
-func (r *remote) claim(ctx context.Context, key, token string, seen decision, fresh bool) (decision, error) {
+func (r *remote) claim(ctx context.Context, key, token string, seen decision, fresh bool, co CallOptions) (decision, error) {
 	k := r.keys(key)
 	o := r.g.opts
 	v, err := claimScript.Run(ctx, r.rdb, []string{k.meta, k.stream},
 		token, seen.token, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.MaxAttempts, flag(fresh),
-		seenState[seen.reason], o.Linger.Milliseconds()).Slice()
+		seenState[seen.reason], o.Linger.Milliseconds(), co.Route, co.Model).Slice()
 	if err != nil {
 		return decision{}, r.redisErr("claim", key, err)
 	}

@@ -30,7 +30,7 @@ func (p *position) switchTo(f *flight, d decision) {
 // on from where they are. One that followed another attempt gives that generation up for
 // it; one that followed nothing is a hit.
 func (r *remote) serveHit(f *flight, d decision, pos *position) {
-	r.g.keep(f.key, d.head, d.body, d.age)
+	r.g.keepFor(f.key, d.head, d.body, d.age, d.ttl)
 	switch {
 	case pos.token == "":
 		f.finishHit(d.head, d.body, d.age)
@@ -57,6 +57,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 	role := func(ro Role) {
 		if !decided {
 			decided = true
+			f.decide(ro)
 			g.observe(Event{Kind: EventRole, Key: f.key, Role: ro})
 		}
 	}
@@ -81,7 +82,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 		if pos.last == "" || streamTried {
 			candidate = r.newToken(ctx)
 		}
-		d, err := r.lookup(ctx, f.key, f.noCache, candidate)
+		d, err := r.lookup(ctx, f.key, f.noCache, candidate, f.call)
 		if err != nil {
 			local = true
 			continue
@@ -164,7 +165,7 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			if g.hooks.beforeClaim != nil {
 				g.hooks.beforeClaim()
 			}
-			c, err = r.claim(ctx, f.key, token, d, fresh)
+			c, err = r.claim(ctx, f.key, token, d, fresh, f.call)
 			if err != nil {
 				local = true
 				continue
@@ -250,13 +251,20 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 		r.g.hooks.beforeFollow()
 	}
 	w, err := r.wake.watch(ctx, k.stream)
-	if err != nil {
-		if ctx.Err() != nil {
-			return followEnd{kind: followDone}
-		}
-		return followEnd{kind: followRedisErr, err: r.redisErr("subscribe", f.key, err)}
+	if ctx.Err() != nil {
+		return followEnd{kind: followDone}
 	}
-	defer w.close()
+	var wakeC <-chan struct{}
+	if err == nil {
+		defer w.close()
+		wakeC = w.notify
+	} else {
+		// The pub/sub connection is down: in a Cluster it is on one node, which may be
+		// the failing one while this flight's shard is fine. Poll the stream until the
+		// flight ends; whether its shard answers, the reads tell.
+		r.g.observe(Event{Kind: EventRedisError, Op: "subscribe", Err: err})
+		w = nil
+	}
 	var alive *watch // the owner's alive channel
 	aliveOf := ""
 	defer func() {
@@ -291,6 +299,10 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 			if r.recheckEvery > 0 {
 				wait = min(wait, r.recheckEvery)
 			}
+			polling := w == nil && wait > pollEvery
+			if polling {
+				wait = pollEvery
+			}
 			timer.Reset(wait)
 			select {
 			case <-ctx.Done():
@@ -301,8 +313,12 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 					deadline, recheck = leaseEnd, 0
 				}
 				continue
-			case <-w.notify:
+			case <-wakeC:
 			case <-timer.C:
+				if polling {
+					read = true
+					break
+				}
 				if r.g.hooks.readGap != nil {
 					r.g.hooks.readGap()
 				}
@@ -312,7 +328,13 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 				continue
 			}
 		}
-		resync, _, pushed := w.take()
+		var (
+			resync bool
+			pushed []redis.XMessage
+		)
+		if w != nil {
+			resync, _, pushed = w.take()
+		}
 		var stored []redis.XMessage
 		if resync || read {
 			read = false
@@ -359,6 +381,9 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 	}
 }
 
+// pollEvery is how often a follower without a subscription reads its stream.
+const pollEvery = 250 * time.Millisecond
+
 // readAfter reads the entries of stream after id, without blocking.
 func (r *remote) readAfter(ctx context.Context, stream, id string) ([]redis.XMessage, error) {
 	var out []redis.XMessage
@@ -388,7 +413,7 @@ func (r *remote) readAfter(ctx context.Context, stream, id string) ([]redis.XMes
 // whether to go on following (done false, with the deadline moved or a read asked for) or
 // how the attempt ended.
 func (r *remote) recheck(ctx context.Context, f *flight, pos *position, deadline, leaseEnd *time.Time, recheck *int, read *bool) (followEnd, bool) {
-	d, lerr := r.lookup(ctx, f.key, f.noCache, "")
+	d, lerr := r.lookup(ctx, f.key, f.noCache, "", f.call)
 	if ctx.Err() != nil {
 		return followEnd{kind: followDone}, true
 	}

@@ -16,6 +16,8 @@ type Config struct {
 	Limits          LimitsConfig   `mapstructure:"limits"`
 	Hashing         HashingConfig  `mapstructure:"hashing"`
 	Dedupe          DedupeConfig   `mapstructure:"dedupe"`
+	Store           StoreConfig    `mapstructure:"store"`
+	Admin           AdminConfig    `mapstructure:"admin"`
 	Log             LogConfig      `mapstructure:"log"`
 	ShutdownTimeout time.Duration  `mapstructure:"shutdown_timeout"`
 }
@@ -74,6 +76,20 @@ type DedupeConfig struct {
 	Paths []string `mapstructure:"paths"`
 }
 
+// StoreConfig is what is stored of answers beyond flight.result_ttl: rules per route and
+// model ("ROUTE MODEL TTL", read by proxy.ParseStoreRule) and whether answers with tool
+// calls are stored.
+type StoreConfig struct {
+	Rules     []string `mapstructure:"rules"`
+	ToolCalls bool     `mapstructure:"tool_calls"`
+}
+
+// AdminConfig is the operators' API: off while Listen is empty; Token is then required.
+type AdminConfig struct {
+	Listen string `mapstructure:"listen"`
+	Token  string `mapstructure:"token" secret:"true"`
+}
+
 // LogConfig selects the log level (debug, info, warn, error) and format (json, text).
 type LogConfig struct {
 	Level  string `mapstructure:"level"`
@@ -113,6 +129,7 @@ func defaultConfig() Config {
 		Dedupe: DedupeConfig{Paths: []string{
 			"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
 		}},
+		Store:           StoreConfig{Rules: []string{}, ToolCalls: true},
 		Log:             LogConfig{Level: "info", Format: "json"},
 		ShutdownTimeout: 30 * time.Second,
 	}

@@ -33,6 +33,8 @@ func altConfig() Config {
 		Limits:          LimitsConfig{MaxBodyBytes: 1 << 20},
 		Hashing:         HashingConfig{Scope: "header:X-Tenant", IgnoreFields: []string{"user", "metadata"}},
 		Dedupe:          DedupeConfig{Paths: []string{"/v1/chat/completions"}},
+		Store:           StoreConfig{Rules: []string{"/v1/embeddings * 24h", "* gpt-4o* 0"}, ToolCalls: false},
+		Admin:           AdminConfig{Listen: "127.0.0.1:9998", Token: "admin-token-0123456789"},
 		Log:             LogConfig{Level: "debug", Format: "text"},
 		ShutdownTimeout: 5 * time.Second,
 	}
@@ -192,6 +194,10 @@ func TestInvalidConfig(t *testing.T) {
 		{"zero attempts", nil, []string{"--flight.max_attempts=0"}, []string{"flight.max_attempts"}},
 		{"not a number", nil, []string{"--limits.max_body_bytes=10MB"}, []string{"limits.max_body_bytes"}},
 		{"negative result TTL", nil, []string{"--flight.result_ttl=-1s"}, []string{"flight.result_ttl"}},
+		{"admin without token", nil, []string{"--admin.listen=127.0.0.1:9090"}, []string{"admin.token"}},
+		{"short admin token", nil, []string{"--admin.listen=127.0.0.1:9090", "--admin.token=short"}, []string{"admin.token"}},
+		{"admin on the proxy's address", nil, []string{"--admin.listen=:8080", "--admin.token=0123456789abcdef"}, []string{"admin.listen"}},
+		{"store rule", map[string]string{"LLM_DEDUPE_STORE_RULES": "/v1/embeddings 24h"}, nil, []string{"store.rules"}},
 		{"empty key prefix", nil, []string{"--redis.key_prefix="}, []string{"redis.key_prefix"}},
 		{"unknown file key", nil, []string{"--config", unknown}, []string{"upstream.base_uri"}},
 		{"missing file", nil, []string{"--config", "/nonexistent/c.yaml"}, []string{"--config"}},
@@ -235,6 +241,13 @@ func TestPrintConfigRedactsSecrets(t *testing.T) {
 		if got := get(m, key); got != want {
 			t.Errorf("%s = %v; want %v", key, got, want)
 		}
+	}
+	r = runCmd(t, nil, "", "serve", "--print-config", "--admin.listen=127.0.0.1:9090", "--admin.token=admin-token-very-secret")
+	if r.code != 0 || strings.Contains(r.stdout, "admin-token-very-secret") {
+		t.Fatalf("status %d, output %s; want 0 and no admin token", r.code, r.stdout)
+	}
+	if got := get(printed(t, nil, "--admin.listen=127.0.0.1:9090", "--admin.token=admin-token-very-secret"), "admin.token"); got != "<redacted>" {
+		t.Errorf("admin.token = %v; want <redacted>", got)
 	}
 	if got := get(printed(t, nil), "redis.password"); got != "" {
 		t.Errorf("unset redis.password printed as %v; want \"\"", got)

@@ -6,6 +6,7 @@
 //	llm-dedupe-proxy [serve] [flags]          run the proxy (the default)
 //	llm-dedupe-proxy key [flags] [FILE|-]     print a request body's canonical form and key
 //	llm-dedupe-proxy healthcheck [flags]      exit 0 if the running proxy answers /healthz
+//	llm-dedupe-proxy flights [flags]          list the flights in progress (admin API)
 //	llm-dedupe-proxy version                  print the version
 //
 // Configuration comes from defaults < the YAML file given with --config < environment
@@ -36,6 +37,7 @@ commands:
   serve     run the proxy (the default command)
   key       print the canonical form and the key of a request body
   healthcheck  exit 0 if the proxy on the configured listen address is healthy
+  flights   list the flights in progress on every instance (needs admin.listen and admin.token)
   version   print the version
 
 Run "llm-dedupe-proxy COMMAND -h" for the flags of a command.
@@ -73,6 +75,8 @@ func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 		return a.key(rest)
 	case "healthcheck":
 		return a.healthcheck(rest)
+	case "flights":
+		return a.flights(rest)
 	case "version":
 		fmt.Fprintf(stdout, "llm-dedupe-proxy %s %s\n", version, runtime.Version())
 		return 0

@@ -51,6 +51,14 @@ func (a *app) serve(ctx context.Context, args []string) int {
 		// No WriteTimeout: a streamed answer may take as long as upstream.timeout.
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
+	stopAdmin, err := serveAdmin(cfg.Admin.Listen, wired.admin, logger)
+	if err != nil {
+		logger.Error("admin listen", "err", err)
+		_ = ln.Close()
+		_ = wired.close(context.Background())
+		return 1
+	}
+	defer stopAdmin()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	logger.Info("listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.BaseURL, "version", version)

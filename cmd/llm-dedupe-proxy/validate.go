@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 )
 
 // configError is one invalid configuration value: the key and the rule it breaks.
@@ -123,6 +124,23 @@ func validate(cfg Config) error {
 	for _, p := range cfg.Dedupe.Paths {
 		if !strings.HasPrefix(p, "/") {
 			c.fail("dedupe.paths", "each path must start with \"/\", got %q", p)
+		}
+	}
+
+	for _, r := range cfg.Store.Rules {
+		if _, err := proxy.ParseStoreRule(r); err != nil {
+			c.fail("store.rules", "each rule is \"ROUTE MODEL TTL\" (like \"/v1/embeddings * 24h\"), got %q", r)
+		}
+	}
+	if cfg.Admin.Listen != "" {
+		c.hostPort("admin.listen", cfg.Admin.Listen)
+		if cfg.Admin.Token == "" {
+			c.fail("admin.token", "must be set when admin.listen is")
+		} else if len(cfg.Admin.Token) < 16 {
+			c.fail("admin.token", "must be at least 16 characters")
+		}
+		if cfg.Admin.Listen == cfg.Listen {
+			c.fail("admin.listen", "must differ from listen")
 		}
 	}
 

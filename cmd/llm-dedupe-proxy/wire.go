@@ -22,6 +22,7 @@ import (
 // wiring is what serve runs: the handler, and the steps of a graceful stop.
 type wiring struct {
 	handler http.Handler
+	admin   http.Handler                    // the admin API; nil when admin.listen is empty
 	drain   func()                          // readiness goes 503 while requests finish
 	close   func(ctx context.Context) error // after the server stopped: release flights, close clients
 }
@@ -40,6 +41,17 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
 
+	var rules []proxy.StoreRule
+	maxTTL := cfg.Flight.ResultTTL
+	for _, s := range cfg.Store.Rules {
+		r, err := proxy.ParseStoreRule(s)
+		if err != nil {
+			return nil, err
+		}
+		rules = append(rules, r)
+		maxTTL = max(maxTTL, r.TTL)
+	}
+
 	jitter := cfg.Flight.TakeoverJitter
 	if jitter == 0 {
 		jitter = -1 // configured as none; singleflight reads zero as "default"
@@ -57,6 +69,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		BatchBytes:        cfg.Flight.StreamBatchBytes,
 		StreamMaxLen:      int(cfg.Flight.StreamMaxLen),
 		MemoryMaxEntries:  cfg.Flight.MemoryMaxEntries,
+		MaxResultTTL:      maxTTL,
 		Observer:          &logObserver{next: m, log: logger},
 	}
 	var clients []redis.UniversalClient
@@ -81,13 +94,23 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		Recorder:     m,
 		Metrics:      promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 		Logger:       logger,
+		StoreRules:   rules,
+		// Stored by default: see docs/decisions.md.
+		NoStoreToolCalls: !cfg.Store.ToolCalls,
 	})
 	if err != nil {
 		return nil, err
 	}
+	var admin http.Handler
+	if cfg.Admin.Listen != "" {
+		if admin, err = proxy.NewAdmin(proxy.AdminConfig{Token: cfg.Admin.Token, Flights: group, Logger: logger}); err != nil {
+			return nil, err
+		}
+	}
 	logger.Info("backend", "kind", group.Backend(), "redis", cfg.Redis.Addrs)
 	return &wiring{
 		handler: p,
+		admin:   admin,
 		drain:   p.Drain,
 		close: func(ctx context.Context) error {
 			// Owned flights may finish until ctx ends; then they are released as

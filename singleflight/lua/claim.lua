@@ -4,6 +4,7 @@
 -- ARGV[3] owner (instance id)  ARGV[4] lease_ms  ARGV[5] ttl_ms  ARGV[6] max_attempts
 -- ARGV[7] fresh ("1": a new caller, may restart the attempt count of a flight that gave up)
 -- ARGV[8] seen_state (R, F, D; '' = absent)  ARGV[9] linger_ms
+-- ARGV[10] route  ARGV[11] model   (shown by the flights listing)
 -- returns {"owner", attempt, gen_id, lease_until}
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt}
 --      or {"changed"}     the meta moved on since the claimer looked: look again
@@ -42,6 +43,7 @@ local gen = xadd(KEYS[2], {'t', 'gen', 'tok', ARGV[1], 'a', attempt})
 redis.call('XTRIM', KEYS[2], 'MINID', now - tonumber(ARGV[9]))
 redis.call('HSET', KEYS[1], 'state', 'R', 'token', ARGV[1], 'owner', ARGV[3],
   'lease_until', now + tonumber(ARGV[4]), 'attempt', attempt, 'created', now, 'gen', gen, 'n', 0)
+redis.call('HSET', KEYS[1], 'route', ARGV[10] or '', 'model', ARGV[11] or '')
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return {'owner', attempt, gen, now + tonumber(ARGV[4])}

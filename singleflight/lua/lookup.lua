@@ -5,7 +5,9 @@
 -- KEYS[1] meta  KEYS[2] result  KEYS[3] stream
 -- ARGV[1] no_cache ("1": ignore a stored result)  ARGV[2] candidate token ('' = look only)
 -- ARGV[3] owner (instance id)  ARGV[4] lease_ms  ARGV[5] ttl_ms  ARGV[6] linger_ms
--- returns {"hit", status, header, body, age_ms, token}          token: of the attempt that stored it
+-- ARGV[7] max_age_ms (> 0: a stored result older than this is not served)
+-- ARGV[8] route  ARGV[9] model   (shown by the flights listing; written when claiming)
+-- returns {"hit", status, header, body, age_ms, token, ttl_left_ms}   token: of the attempt that stored it
 --      or {"owner", attempt, gen_id, lease_until}            claimed with the candidate
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt}
 --      or {"claim", seen_token, attempt, reason, gen_id}     reason: absent | expired | failed | done
@@ -15,8 +17,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 if ARGV[1] ~= '1' then
   local r = redis.call('HMGET', KEYS[2], 'status', 'header', 'body', 'at', 'token')
-  if r[1] then
-    return {'hit', r[1], r[2], r[3], now - tonumber(r[4]), r[5] or ''}
+  local max_age = tonumber(ARGV[7]) or 0
+  if r[1] and (max_age <= 0 or now - tonumber(r[4]) <= max_age) then
+    return {'hit', r[1], r[2], r[3], now - tonumber(r[4]), r[5] or '', redis.call('PTTL', KEYS[2])}
   end
 end
 
@@ -32,6 +35,7 @@ if cand ~= '' and (not m[1] or m[1] == 'D') then
   redis.call('XTRIM', KEYS[3], 'MINID', now - tonumber(ARGV[6]))
   redis.call('HSET', KEYS[1], 'state', 'R', 'token', cand, 'owner', ARGV[3],
     'lease_until', now + tonumber(ARGV[4]), 'attempt', 1, 'created', now, 'gen', gen, 'n', 0)
+  redis.call('HSET', KEYS[1], 'route', ARGV[8] or '', 'model', ARGV[9] or '')
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   redis.call('PEXPIRE', KEYS[3], ARGV[5])
   return {'owner', 1, gen, now + tonumber(ARGV[4])}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
+)
+
+// flights prints the flights in progress, as GET /admin/flights of the running proxy (at
+// admin.listen, with admin.token) answers them: on every instance with Redis.
+func (a *app) flights(args []string) int {
+	fs, cf := a.flagSet("flights", "flights [flags]")
+	limit := fs.Int("limit", 1000, "most flights to list (1 to 10000)")
+	asJSON := fs.Bool("json", false, "print the admin API's JSON as it came")
+	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
+	if code, done := a.parse(fs, args, 0); done {
+		return code
+	}
+	cfg, err := cf.load(a.getenv)
+	if err != nil {
+		return a.invalidConfig(err)
+	}
+	if cfg.Admin.Listen == "" {
+		fmt.Fprintln(a.stderr, "llm-dedupe-proxy flights: admin.listen is not set: the proxy serves no admin API")
+		return 2
+	}
+	host, port, _ := net.SplitHostPort(cfg.Admin.Listen)
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	url := "http://" + net.JoinHostPort(host, port) + "/admin/flights?limit=" + strconv.Itoa(*limit)
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	req.Header.Set("Authorization", "Bearer "+cfg.Admin.Token)
+	resp, err := (&http.Client{Timeout: *timeout}).Do(req)
+	if err != nil {
+		fmt.Fprintf(a.stderr, "llm-dedupe-proxy flights: %v\n", err)
+		return 1
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		fmt.Fprintf(a.stderr, "llm-dedupe-proxy flights: %v\n", err)
+		return 1
+	}
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(a.stderr, "llm-dedupe-proxy flights: %s answered %d: %s\n", url, resp.StatusCode, body)
+		return 1
+	}
+	if *asJSON {
+		_, _ = a.stdout.Write(body)
+		return 0
+	}
+	var list proxy.FlightsJSON
+	if err := json.Unmarshal(body, &list); err != nil {
+		fmt.Fprintf(a.stderr, "llm-dedupe-proxy flights: %v\n", err)
+		return 1
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tSTATE\tOWNER\tATTEMPT\tAGE\tLEASE LEFT\tROUTE\tMODEL")
+	for _, f := range list.Flights {
+		lease := "-"
+		if f.LeaseLeftMs > 0 {
+			lease = ms(f.LeaseLeftMs)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", short(f.Key), f.State, f.Owner, f.Attempt, ms(f.AgeMs), lease, f.Route, f.Model)
+	}
+	_ = tw.Flush()
+	more := ""
+	if list.Truncated {
+		more = " (more not shown)"
+	}
+	fmt.Fprintf(a.stdout, "%d flights in progress (%s)%s\n", len(list.Flights), list.Backend, more)
+	return 0
+}
+
+func ms(n int64) string {
+	return (time.Duration(n) * time.Millisecond).Round(time.Millisecond).String()
+}

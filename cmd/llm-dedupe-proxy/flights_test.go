@@ -1,0 +1,87 @@
+package main
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// TestFlightsCommand runs serve with its admin API and lists a flight held in progress,
+// in memory and with Redis.
+func TestFlightsCommand(t *testing.T) {
+	const token = "flights-test-token-0123"
+	for _, backend := range []string{"memory", "redis"} {
+		t.Run(backend, func(t *testing.T) {
+			started, release := make(chan struct{}, 1), make(chan struct{})
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				started <- struct{}{}
+				<-release
+				w.Header().Set("Content-Type", "application/json")
+				io.WriteString(w, `{"id":"x"}`)
+			}))
+			defer up.Close()
+			admin := freeAddr(t)
+			args := []string{"--upstream.base_url=" + up.URL, "--admin.listen=" + admin, "--admin.token=" + token}
+			if backend == "redis" {
+				args = append(args, "--redis.addrs="+redistest.Start(t).Addr)
+			}
+			base, stop, msgs := startServeLogs(t, args...)
+			waitLogged(t, msgs, "admin listening")
+
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				res, err := http.Post(base+"/v1/chat/completions", "application/json",
+					strings.NewReader(`{"model":"gpt-cli","messages":[]}`))
+				if err == nil {
+					res.Body.Close()
+				}
+			}()
+			select {
+			case <-started:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the upstream call did not start")
+			}
+
+			env := map[string]string{"LLM_DEDUPE_ADMIN_TOKEN": token}
+			r := runCmd(t, env, "", "flights", "--admin.listen="+admin)
+			if r.code != 0 || !strings.Contains(r.stdout, "KEY") || !strings.Contains(r.stdout, "running") ||
+				!strings.Contains(r.stdout, "/v1/chat/completions") || !strings.Contains(r.stdout, "gpt-cli") ||
+				!strings.Contains(r.stdout, "1 flights in progress ("+backend+")") {
+				t.Errorf("flights: status %d\n%s%s", r.code, r.stdout, r.stderr)
+			}
+			r = runCmd(t, env, "", "flights", "--admin.listen="+admin, "--json")
+			if r.code != 0 || !strings.Contains(r.stdout, `"model":"gpt-cli"`) {
+				t.Errorf("flights --json: status %d %s%s", r.code, r.stdout, r.stderr)
+			}
+			r = runCmd(t, map[string]string{"LLM_DEDUPE_ADMIN_TOKEN": "wrong-token-0123456789"}, "", "flights", "--admin.listen="+admin)
+			if r.code != 1 || !strings.Contains(r.stderr, "answered 401") {
+				t.Errorf("flights with a wrong token: status %d %s; want 1 and 401", r.code, r.stderr)
+			}
+			close(release)
+			<-done
+			if code := stop(); code != 0 {
+				t.Errorf("serve: status %d", code)
+			}
+		})
+	}
+	if r := runCmd(t, nil, "", "flights"); r.code != 2 || !strings.Contains(r.stderr, "admin.listen is not set") {
+		t.Errorf("flights without admin.listen: status %d %s; want 2", r.code, r.stderr)
+	}
+}

@@ -1,0 +1,184 @@
+package singleflight
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// FlightInfo describes one flight in progress, for operators.
+type FlightInfo struct {
+	Key string
+	// State is running, failed (an attempt failed; a waiter is about to take over) or
+	// expired (the owner's lease ran out and nobody has taken over yet).
+	State     string
+	Owner     string        // instance id of the owner of the current attempt
+	Attempt   int           // the current attempt, from 1
+	Age       time.Duration // since the current attempt began
+	LeaseLeft time.Duration // what remains of the owner's lease (Redis only)
+	Route     string
+	Model     string
+}
+
+// flightsScanBatch is the COUNT of one SCAN; flightsMaxScans bounds the SCAN calls of one
+// listing per Redis server, so that a listing is bounded whatever the keyspace holds.
+const (
+	flightsScanBatch = 500
+	flightsMaxScans  = 200
+)
+
+// Flights lists up to limit flights in progress, oldest first: with Redis, those of every
+// instance, read with a bounded SCAN of the meta keys; in memory, this process's. more
+// says that the listing stopped before it had seen every flight.
+func (g *Group) Flights(ctx context.Context, limit int) (list []FlightInfo, more bool, err error) {
+	if limit <= 0 {
+		limit = 1000
+	}
+	if g.remote == nil {
+		list, more = g.localFlights(limit)
+	} else {
+		list, more, err = g.remote.flights(ctx, limit)
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].Age > list[j].Age })
+	return list, more, err
+}
+
+func (g *Group) localFlights(limit int) ([]FlightInfo, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []FlightInfo
+	for _, f := range g.flights {
+		f.mu.Lock()
+		running := !f.ended && f.role != RoleHit
+		info := FlightInfo{Key: f.key, State: "running", Owner: g.opts.InstanceID, Attempt: max(f.attempts, 1),
+			Age: time.Since(f.started), Route: f.call.Route, Model: f.call.Model}
+		f.mu.Unlock()
+		if !running {
+			continue
+		}
+		if len(out) == limit {
+			return out, true
+		}
+		out = append(out, info)
+	}
+	return out, false
+}
+
+// flights scans every Redis server that holds flights: each master of a Cluster, or the
+// one server.
+func (r *remote) flights(ctx context.Context, limit int) ([]FlightInfo, bool, error) {
+	var (
+		mu   sync.Mutex
+		out  []FlightInfo
+		more bool
+	)
+	scan := func(ctx context.Context, c redis.Cmdable) error {
+		list, m, err := r.scanFlights(ctx, c, limit)
+		mu.Lock()
+		defer mu.Unlock()
+		out = append(out, list...)
+		more = more || m
+		return err
+	}
+	var err error
+	if cc, ok := r.rdb.(*redis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return scan(ctx, c) })
+	} else {
+		err = scan(ctx, r.rdb)
+	}
+	if len(out) > limit {
+		out, more = out[:limit], true
+	}
+	return out, more, err
+}
+
+// scanFlights reads the flights in progress on one server: SCAN for meta keys, then their
+// fields and the server's time in one pipeline.
+func (r *remote) scanFlights(ctx context.Context, c redis.Cmdable, limit int) ([]FlightInfo, bool, error) {
+	prefix := r.g.opts.KeyPrefix + ":meta:{"
+	match := globEscape(prefix) + "*"
+	var keys []string
+	var cursor uint64
+	more := false
+	for i := 0; ; i++ {
+		if i == flightsMaxScans {
+			more = true
+			break
+		}
+		batch, next, err := c.Scan(ctx, cursor, match, flightsScanBatch).Result()
+		if err != nil {
+			return nil, false, err
+		}
+		keys = append(keys, batch...)
+		cursor = next
+		if cursor == 0 {
+			break
+		}
+		if len(keys) >= 2*limit { // done and failed flights are skipped below
+			more = true
+			break
+		}
+	}
+	if len(keys) == 0 {
+		return nil, more, nil
+	}
+	pipe := c.Pipeline()
+	now := pipe.Time(ctx)
+	fields := make([]*redis.SliceCmd, len(keys))
+	for i, k := range keys {
+		fields[i] = pipe.HMGet(ctx, k, "state", "owner", "lease_until", "attempt", "created", "route", "model")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, false, err
+	}
+	t := now.Val()
+	nowMs := t.UnixMilli()
+	var out []FlightInfo
+	for i, k := range keys {
+		v := fields[i].Val()
+		state := str(v, 0)
+		if state != "R" && state != "F" {
+			continue // done, or gone since the SCAN
+		}
+		info := FlightInfo{
+			Key:     strings.TrimSuffix(strings.TrimPrefix(k, prefix), "}"),
+			State:   "running",
+			Owner:   str(v, 1),
+			Attempt: int(num(v, 3)),
+			Age:     time.Duration(nowMs-num(v, 4)) * time.Millisecond,
+			Route:   str(v, 5),
+			Model:   str(v, 6),
+		}
+		left := num(v, 2) - nowMs
+		switch {
+		case state == "F":
+			info.State = "failed"
+		case left <= 0:
+			info.State = "expired"
+		default:
+			info.LeaseLeft = time.Duration(left) * time.Millisecond
+		}
+		if len(out) == limit {
+			return out, true, nil
+		}
+		out = append(out, info)
+	}
+	return out, more, nil
+}
+
+// globEscape escapes the characters SCAN MATCH gives a meaning to.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, c := range s {
+		if strings.ContainsRune(`*?[]\`, c) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}

@@ -1,0 +1,296 @@
+package singleflight
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// Purges. A stored answer lives in Redis and in the memory of every instance that stored
+// or served it, so a purge deletes it in Redis and tells every instance over Redis
+// pub/sub (PUBLISH on P:invalidate: a Cluster broadcasts it to every node, and it works on
+// every supported server; SPUBLISH needs Redis 7 and a shard per channel).
+//
+// A namespace is purged in O(1): its generation is part of every key made in it (see
+// Generation), so a new generation puts all its old answers out of reach at once, and
+// they expire by themselves. Each instance keeps the generations it uses in memory and
+// learns of a new one by the same message, so a request costs no Redis round trip for it.
+//
+// Staleness: a purge reaches another instance's memory when its message does (well under
+// a millisecond on a LAN). If the subscription breaks, messages are lost, so when it is
+// listening again the instance forgets every answer and generation it kept; while it is
+// broken, an instance may serve from memory what was purged elsewhere. Generations are
+// also read again after namespaceRefresh, in case a message was missed without the
+// subscription noticing.
+
+var (
+	//go:embed lua/purge_ns.lua
+	purgeNSSrc    string
+	purgeNSScript = redis.NewScript(purgeNSSrc)
+)
+
+const (
+	// namespaceRefresh is how long a generation read from Redis is used without reading it
+	// again: the backstop behind the purge messages.
+	namespaceRefresh = time.Minute
+	// purgeMemory is how long a purged key is not kept in memory again: a lookup that ran
+	// before the purge may come back with the old answer after the purge's message.
+	purgeMemory = 10 * time.Second
+	// maxNamespaces bounds the generations kept in memory; the names come from clients.
+	maxNamespaces = 10000
+)
+
+// invalidation is what a Group knows of purges.
+type invalidation struct {
+	once   sync.Once
+	mu     sync.Mutex
+	purged map[string]time.Time // key → when its purge reached this process (monotonic)
+	gens   *lru.Cache[string, generation]
+	epoch  uint64            // counts namespace messages: a read that raced one is not kept
+	local  map[string]uint64 // in-memory Group: the generations themselves
+	ready  chan struct{}     // closed when the subscription first listens (at once in memory)
+}
+
+type generation struct {
+	gen uint64
+	at  time.Time
+}
+
+func (inv *invalidation) init() {
+	inv.once.Do(func() {
+		inv.purged = map[string]time.Time{}
+		inv.gens, _ = lru.New[string, generation](maxNamespaces)
+		inv.local = map[string]uint64{}
+		inv.ready = make(chan struct{})
+	})
+}
+
+func (g *Group) channel() string        { return g.opts.KeyPrefix + ":invalidate" }
+func (g *Group) nsKey(ns string) string { return g.opts.KeyPrefix + ":ns:" + ns }
+
+// startInvalidation starts listening for purges made by other instances; New calls it.
+func (g *Group) startInvalidation() {
+	g.inv.init()
+	if g.remote == nil {
+		close(g.inv.ready)
+		return
+	}
+	g.wg.Add(1)
+	go g.listen()
+}
+
+// Listening is closed once this Group receives purges from other instances: at once
+// without Redis, and when the subscription first answers with Redis.
+func (g *Group) Listening() <-chan struct{} {
+	g.inv.init()
+	return g.inv.ready
+}
+
+// listen applies purge messages until the Group is closed. go-redis reconnects and
+// subscribes again by itself; each confirmation after the first means messages may have
+// been lost, so everything kept in memory is forgotten.
+func (g *Group) listen() {
+	defer g.wg.Done()
+	ps := g.opts.Redis.Subscribe(g.ctx, g.channel())
+	var closeOnce sync.Once
+	closePS := func() { closeOnce.Do(func() { _ = ps.Close() }) }
+	defer closePS()
+	// Receive does not watch the context; closing the connection ends it.
+	stop := context.AfterFunc(g.ctx, closePS)
+	defer stop()
+	subscribed := false
+	backoff := 50 * time.Millisecond
+	for {
+		msg, err := ps.Receive(g.ctx)
+		if g.ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			g.observe(Event{Kind: EventRedisError, Op: "subscribe", Err: err})
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-g.ctx.Done():
+				t.Stop()
+				return
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind != "subscribe" {
+				continue
+			}
+			if subscribed {
+				g.forgetAll()
+			} else {
+				subscribed = true
+				close(g.inv.ready)
+			}
+			g.observe(Event{Kind: EventSubscribed})
+		case *redis.Message:
+			g.apply(m.Payload)
+		}
+	}
+}
+
+// apply carries out one purge message: "a KEY" (an answer) or "n GEN NAME" (a namespace).
+func (g *Group) apply(msg string) {
+	kind, rest, _ := strings.Cut(msg, " ")
+	switch kind {
+	case "a":
+		g.forgetKey(rest)
+		g.observe(Event{Kind: EventInvalidated, Op: "answer", Key: rest})
+	case "n":
+		s, name, _ := strings.Cut(rest, " ")
+		gen, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return
+		}
+		g.inv.mu.Lock()
+		g.inv.epoch++
+		if e, ok := g.inv.gens.Get(name); !ok || gen > e.gen {
+			g.inv.gens.Add(name, generation{gen: gen, at: time.Now()})
+		}
+		g.inv.mu.Unlock()
+		g.observe(Event{Kind: EventInvalidated, Op: "namespace"})
+	}
+}
+
+// forgetKey drops key's answer from this process and keeps it from coming back.
+func (g *Group) forgetKey(key string) bool {
+	now := time.Now()
+	g.inv.mu.Lock()
+	if len(g.inv.purged) >= 1024 {
+		for k, t := range g.inv.purged {
+			if now.Sub(t) >= purgeMemory {
+				delete(g.inv.purged, k)
+			}
+		}
+	}
+	g.inv.purged[key] = now
+	g.inv.mu.Unlock()
+	_, found := g.cached(key)
+	g.cache.Remove(key)
+	return found
+}
+
+// forgetAll drops every answer and generation kept in memory: purge messages may have
+// been missed.
+func (g *Group) forgetAll() {
+	g.inv.mu.Lock()
+	g.inv.epoch++
+	g.inv.gens.Purge()
+	g.inv.mu.Unlock()
+	g.cache.Purge()
+	g.observe(Event{Kind: EventInvalidated, Op: "all"})
+}
+
+// recentlyPurged reports whether key was purged less than purgeMemory ago.
+func (g *Group) recentlyPurged(key string) bool {
+	g.inv.mu.Lock()
+	defer g.inv.mu.Unlock()
+	t, ok := g.inv.purged[key]
+	return ok && time.Since(t) < purgeMemory
+}
+
+// Forget drops the stored answer of key everywhere: in Redis, and in the memory of every
+// instance (this one at once, the others when the message reaches them). It reports
+// whether an answer was found. A flight in progress is not affected.
+func (g *Group) Forget(ctx context.Context, key string) (bool, error) {
+	found := g.forgetKey(key)
+	g.observe(Event{Kind: EventPurge, Op: "answer", Key: key})
+	if g.remote == nil {
+		return found, nil
+	}
+	n, err := g.opts.Redis.Del(ctx, g.remote.keys(key).result).Result()
+	if err != nil {
+		return found, fmt.Errorf("singleflight: forget: %w", err)
+	}
+	if err := g.opts.Redis.Publish(ctx, g.channel(), "a "+key).Err(); err != nil {
+		return true, fmt.Errorf("singleflight: forget: deleted in Redis, but other instances were not told: %w", err)
+	}
+	return found || n > 0, nil
+}
+
+// PurgeNamespace starts a new generation of namespace ns: every answer stored in it is out
+// of reach at once, in O(1), and new requests in it make new keys. It returns the new
+// generation.
+func (g *Group) PurgeNamespace(ctx context.Context, ns string) (uint64, error) {
+	g.observe(Event{Kind: EventPurge, Op: "namespace"})
+	if g.remote == nil {
+		g.inv.mu.Lock()
+		defer g.inv.mu.Unlock()
+		g.inv.local[ns]++
+		return g.inv.local[ns], nil
+	}
+	ttl := max(g.opts.MaxResultTTL, g.opts.ResultTTL, time.Minute) + g.opts.Linger
+	s, err := purgeNSScript.Run(ctx, g.opts.Redis, []string{g.nsKey(ns)}, ttl.Milliseconds()).Text()
+	if err != nil {
+		return 0, fmt.Errorf("singleflight: purge namespace: %w", err)
+	}
+	gen, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("singleflight: purge namespace: bad generation %q", s)
+	}
+	msg := "n " + s + " " + ns
+	g.apply(msg)
+	if err := g.opts.Redis.Publish(ctx, g.channel(), msg).Err(); err != nil {
+		return gen, fmt.Errorf("singleflight: purge namespace: purged in Redis, but other instances were not told: %w", err)
+	}
+	return gen, nil
+}
+
+// ErrGenerationUnknown means a namespace's generation could not be read: its answers
+// must be neither served nor stored, since they could be of a purged generation.
+var ErrGenerationUnknown = errors.New("singleflight: namespace generation unknown")
+
+// Generation returns the current generation of namespace ns, which the caller makes part
+// of the request key; 0 for a namespace never purged. It is read from memory, and from
+// Redis only the first time this process uses ns, or namespaceRefresh after it last read
+// it. When it cannot be read, it returns 0 and an error wrapping ErrGenerationUnknown.
+func (g *Group) Generation(ctx context.Context, ns string) (uint64, error) {
+	g.inv.mu.Lock()
+	if g.remote == nil {
+		defer g.inv.mu.Unlock()
+		return g.inv.local[ns], nil
+	}
+	e, ok := g.inv.gens.Get(ns)
+	epoch := g.inv.epoch
+	g.inv.mu.Unlock()
+	if ok && (time.Since(e.at) < namespaceRefresh || g.degraded.Load()) {
+		return e.gen, nil
+	}
+	if g.degraded.Load() {
+		return 0, ErrGenerationUnknown
+	}
+	gen, err := g.opts.Redis.Get(ctx, g.nsKey(ns)).Uint64()
+	if errors.Is(err, redis.Nil) {
+		gen, err = 0, nil
+	}
+	if err != nil {
+		g.observe(Event{Kind: EventRedisError, Op: "namespace", Err: err})
+		if ok {
+			return e.gen, nil
+		}
+		return 0, errors.Join(ErrGenerationUnknown, err)
+	}
+	g.inv.mu.Lock()
+	if g.inv.epoch == epoch {
+		g.inv.gens.Add(ns, generation{gen: gen, at: time.Now()})
+	} else if e, ok := g.inv.gens.Get(ns); ok {
+		gen = e.gen // a purge message came while we read: it is the newer word
+	}
+	g.inv.mu.Unlock()
+	return gen, nil
+}

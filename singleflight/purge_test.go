@@ -1,0 +1,304 @@
+package singleflight
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// waitListening waits until g receives purges from other instances.
+func waitListening(t *testing.T, g *Group) {
+	t.Helper()
+	select {
+	case <-g.Listening():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the purge subscription did not start")
+	}
+}
+
+// storeOne runs one flight of key on g with an answer that is stored, and returns it.
+func storeOne(t *testing.T, g *Group, key, body string) outcome {
+	t.Helper()
+	rp := newReply(body)
+	rp.release()
+	return doAll(t, g, key, 1, rp.fn)()[0]
+}
+
+func TestForgetReachesEveryInstance(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			recB := newRecorder()
+			a := b.group(t, Options{ResultTTL: time.Minute})
+			bOpts := Options{ResultTTL: time.Minute, Observer: recB}
+			second := a
+			if b.redis != nil {
+				second = b.group(t, bOpts)
+				waitListening(t, second)
+			}
+			key := uniqueKey()
+			if o := storeOne(t, a, key, "v1"); o.role != RoleOwner {
+				t.Fatalf("first call: role %v; want owner", o.role)
+			}
+			// The second instance serves it, and so keeps it in its memory.
+			if o := storeOne(t, second, key, "other"); o.role != RoleHit || o.body != "v1" {
+				t.Fatalf("before purge: role %v body %q; want hit v1", o.role, o.body)
+			}
+			found, err := a.Forget(context.Background(), key)
+			if err != nil || !found {
+				t.Fatalf("Forget: %v %v; want true nil", found, err)
+			}
+			if b.redis != nil {
+				recB.waitFor(t, EventInvalidated, 1, 100*time.Millisecond)
+			}
+			if o := storeOne(t, second, key, "v2"); o.role != RoleOwner || o.body != "v2" {
+				t.Fatalf("other instance after purge: role %v body %q; want owner v2", o.role, o.body)
+			}
+			if o := storeOne(t, a, key, "v3"); o.body == "v1" {
+				t.Fatalf("purging instance after purge: role %v body %q; want anything but v1", o.role, o.body)
+			}
+			if found, _ := a.Forget(context.Background(), uniqueKey()); found {
+				t.Fatal("Forget of an unknown key reports found")
+			}
+		})
+	}
+}
+
+// TestForgetIsNotUndoneByALateLookup: a lookup answered before the purge must not put the
+// purged answer back into memory after the purge's message.
+func TestForgetIsNotUndoneByALateLookup(t *testing.T) {
+	g := New(Options{ResultTTL: time.Minute})
+	defer g.Close(context.Background())
+	key := uniqueKey()
+	if _, err := g.Forget(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	g.keep(key, Head{Status: 200}, []byte("old"), time.Second) // what a late lookup would keep
+	if _, ok := g.cached(key); ok {
+		t.Fatal("a purged key was kept again right after its purge")
+	}
+}
+
+func TestPurgeNamespace(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			recB := newRecorder()
+			a := b.group(t, Options{ResultTTL: time.Minute})
+			second := a
+			if b.redis != nil {
+				second = b.group(t, Options{ResultTTL: time.Minute, Observer: recB})
+				waitListening(t, second)
+			}
+			ctx := context.Background()
+			ns := "team-" + uniqueKey()[:8]
+			for _, g := range []*Group{a, second} {
+				if gen, err := g.Generation(ctx, ns); gen != 0 || err != nil {
+					t.Fatalf("Generation of a new namespace: %d %v; want 0 nil", gen, err)
+				}
+			}
+			gen, err := a.PurgeNamespace(ctx, ns)
+			if err != nil || gen == 0 {
+				t.Fatalf("PurgeNamespace: %d %v", gen, err)
+			}
+			if b.redis != nil {
+				recB.waitFor(t, EventInvalidated, 1, 100*time.Millisecond)
+			}
+			for name, g := range map[string]*Group{"purging": a, "other": second} {
+				if got, err := g.Generation(ctx, ns); got != gen || err != nil {
+					t.Fatalf("%s instance: Generation %d %v; want %d", name, got, err, gen)
+				}
+			}
+			gen2, err := second.PurgeNamespace(ctx, ns)
+			if err != nil || gen2 <= gen {
+				t.Fatalf("second purge: %d %v; want more than %d", gen2, err, gen)
+			}
+			if got, _ := second.Generation(ctx, "another-"+ns); got != 0 {
+				t.Fatalf("another namespace: generation %d; want 0", got)
+			}
+		})
+	}
+}
+
+// TestGenerationIsReadOnce: a generation is read from Redis once, then from memory.
+func TestGenerationIsReadOnce(t *testing.T) {
+	b := backends(t)[1]
+	g := b.group(t, Options{})
+	ctx := context.Background()
+	ns := "ns-" + uniqueKey()[:8]
+	if _, err := g.Generation(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	// A generation written behind the Group's back (no message) is not seen: the
+	// request path did not go to Redis again.
+	if err := b.redis.Client().Set(ctx, g.nsKey(ns), 42, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := g.Generation(ctx, ns); got != 0 {
+		t.Fatalf("Generation read Redis again: %d", got)
+	}
+	g.apply("n 42 " + ns)
+	if got, _ := g.Generation(ctx, ns); got != 42 {
+		t.Fatalf("after the message: %d; want 42", got)
+	}
+}
+
+func TestMaxAge(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			g := b.group(t, Options{ResultTTL: time.Minute})
+			key := uniqueKey()
+			storeOne(t, g, key, "old")
+			// Age the stored answer by two seconds, in memory and in Redis.
+			sr, _ := g.cache.Get(key)
+			sr.at = sr.at.Add(-2 * time.Second)
+			g.cache.Add(key, sr)
+			if b.redis != nil {
+				k := g.remote.keys(key)
+				at, _ := b.redis.Client().HGet(context.Background(), k.result, "at").Int64()
+				b.redis.Client().HSet(context.Background(), k.result, "at", at-2000)
+			}
+			do := func(maxAge time.Duration, body string) outcome {
+				rp := newReply(body)
+				rp.release()
+				r, err := g.DoWith(key, CallOptions{MaxAge: maxAge}, rp.fn)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				return readAll(ctx, r)
+			}
+			if o := do(10*time.Second, "x"); o.role != RoleHit || o.body != "old" {
+				t.Fatalf("max-age 10s: role %v body %q; want hit old", o.role, o.body)
+			}
+			if o := do(time.Second, "new"); o.role != RoleOwner || o.body != "new" {
+				t.Fatalf("max-age 1s: role %v body %q; want owner new", o.role, o.body)
+			}
+			if o := do(time.Second, "x"); o.role != RoleHit || o.body != "new" {
+				t.Fatalf("after the fresh call: role %v body %q; want hit new", o.role, o.body)
+			}
+		})
+	}
+}
+
+// TestMaxAgeJoinsAFlightInProgress: a caller with a max-age joins an upstream call in
+// flight (its answer is fresh).
+func TestMaxAgeJoinsAFlightInProgress(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			rec := newRecorder()
+			g := b.group(t, Options{ResultTTL: time.Minute, Observer: rec})
+			key := uniqueKey()
+			rp := newReply("fresh")
+			wait := doAll(t, g, key, 1, rp.fn)
+			rec.waitFor(t, EventRole, 1, 5*time.Second)
+			r, err := g.DoWith(key, CallOptions{MaxAge: time.Second}, newReply("second").fn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rp.release()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			o := readAll(ctx, r)
+			if o.role != RoleFollower || o.body != "fresh" || rp.calls.Load() != 1 {
+				t.Fatalf("max-age caller: role %v body %q calls %d; want follower fresh 1", o.role, o.body, rp.calls.Load())
+			}
+			wait()
+		})
+	}
+}
+
+func TestResultTTLPerAnswer(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			g := b.group(t, Options{}) // ResultTTL 0: dedupe only by default
+			key := uniqueKey()
+			fn := func(ctx context.Context, w *Writer) (Result, error) {
+				return Result{Head: Head{Status: 200}, Body: []byte("kept"), TTL: time.Minute}, nil
+			}
+			if o := doAll(t, g, key, 1, fn)(); o[0].role != RoleOwner {
+				t.Fatalf("first: %v", o[0].role)
+			}
+			if o := doAll(t, g, key, 1, fn)(); o[0].role != RoleHit || o[0].body != "kept" {
+				t.Fatalf("second: role %v body %q; want hit kept", o[0].role, o[0].body)
+			}
+			if b.redis != nil {
+				ttl := b.redis.Client().PTTL(context.Background(), g.remote.keys(key).result).Val()
+				if ttl <= 50*time.Second || ttl > time.Minute {
+					t.Fatalf("result PTTL %v; want about 1m", ttl)
+				}
+				// A hit from Redis is kept in memory as long as Redis keeps it, not ResultTTL.
+				g2 := b.group(t, Options{ResultTTL: time.Hour})
+				if o := doAll(t, g2, key, 1, fn)(); o[0].role != RoleHit {
+					t.Fatalf("other instance: %v", o[0].role)
+				}
+				if sr, ok := g2.cache.Get(key); !ok || sr.ttl > time.Minute+50*time.Millisecond {
+					t.Fatalf("kept in memory: %v ttl %v; want at most 1m", ok, sr.ttl)
+				}
+			}
+		})
+	}
+}
+
+func TestFlightsListing(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			rec := newRecorder()
+			g := b.group(t, Options{Observer: rec, InstanceID: "inst-a"})
+			key := uniqueKey()
+			rp := newReply("x")
+			r, err := g.DoWith(key, CallOptions{Route: "/v1/chat/completions", Model: "gpt-x"}, rp.fn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec.waitFor(t, EventRole, 1, 5*time.Second)
+			list, more, err := g.Flights(context.Background(), 0)
+			if err != nil || more {
+				t.Fatalf("Flights: %v more %v", err, more)
+			}
+			var got *FlightInfo
+			for i := range list {
+				if list[i].Key == key {
+					got = &list[i]
+				}
+			}
+			if got == nil {
+				t.Fatalf("Flights: %+v; want %s in it", list, key)
+			}
+			if got.State != "running" || got.Owner != "inst-a" || got.Attempt != 1 ||
+				got.Route != "/v1/chat/completions" || got.Model != "gpt-x" || got.Age < 0 {
+				t.Fatalf("flight %+v", *got)
+			}
+			if b.redis != nil && (got.LeaseLeft <= 0 || got.LeaseLeft > 3*time.Second) {
+				t.Fatalf("lease left %v; want in (0, 3s]", got.LeaseLeft)
+			}
+			rp.release()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			readAll(ctx, r)
+			list, _, _ = g.Flights(context.Background(), 0)
+			for _, f := range list {
+				if f.Key == key {
+					t.Fatalf("a finished flight is listed: %+v", f)
+				}
+			}
+		})
+	}
+}
+
+// TestFlightsListingIsBounded: the listing stops at its limit and says so.
+func TestFlightsListingIsBounded(t *testing.T) {
+	b := backends(t)[1]
+	g := b.group(t, Options{})
+	ctx := context.Background()
+	for range 5 {
+		k := g.remote.keys(uniqueKey())
+		b.redis.Client().HSet(ctx, k.meta, "state", "R", "lease_until", 0, "attempt", 1, "created", 0)
+	}
+	list, more, err := g.Flights(ctx, 3)
+	if err != nil || len(list) != 3 || !more {
+		t.Fatalf("Flights(3): %d flights, more %v, %v; want 3, true", len(list), more, err)
+	}
+	if list[0].State != "expired" {
+		t.Fatalf("state %q; want expired", list[0].State)
+	}
+}
