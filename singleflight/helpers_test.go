@@ -162,7 +162,7 @@ func (r *recorder) count(k EventKind) int {
 }
 
 // waitFor waits until at least n events of kind k were observed.
-func (r *recorder) waitFor(t *testing.T, k EventKind, n int, timeout time.Duration) {
+func (r *recorder) waitFor(t testing.TB, k EventKind, n int, timeout time.Duration) {
 	t.Helper()
 	deadline := time.After(timeout)
 	for {

@@ -250,21 +250,11 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 	if r.g.hooks.beforeFollow != nil {
 		r.g.hooks.beforeFollow()
 	}
-	w, err := r.wake.watch(ctx, k.stream)
-	if ctx.Err() != nil {
-		return followEnd{kind: followDone}
+	w, err := r.wake.watch(k.stream)
+	if err != nil {
+		return followEnd{kind: followDone} // the Group is closing
 	}
-	var wakeC <-chan struct{}
-	if err == nil {
-		defer w.close()
-		wakeC = w.notify
-	} else {
-		// The pub/sub connection is down: in a Cluster it is on one node, which may be
-		// the failing one while this flight's shard is fine. Poll the stream until the
-		// flight ends; whether its shard answers, the reads tell.
-		r.g.observe(Event{Kind: EventRedisError, Op: "subscribe", Err: err})
-		w = nil
-	}
+	defer w.close()
 	var alive *watch // the owner's alive channel
 	aliveOf := ""
 	defer func() {
@@ -287,7 +277,7 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 			}
 			aliveOf = inst
 			if inst != "" {
-				alive, _ = r.wake.watch(ctx, r.wake.aliveChannel(inst)) // without it, the meta is looked up
+				alive, _ = r.wake.watch(r.wake.aliveChannel(inst)) // nil: the meta is looked up
 			}
 		}
 		var aliveC <-chan struct{}
@@ -299,7 +289,10 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 			if r.recheckEvery > 0 {
 				wait = min(wait, r.recheckEvery)
 			}
-			polling := w == nil && wait > pollEvery
+			// While the pub/sub connection is down (in a Cluster it is on one node, which
+			// may be the failing one while this flight's shard is fine), poll the stream:
+			// whether the flight's own shard answers, the reads tell.
+			polling := r.wake.down.Load() && wait > pollEvery
 			if polling {
 				wait = pollEvery
 			}
@@ -313,7 +306,7 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 					deadline, recheck = leaseEnd, 0
 				}
 				continue
-			case <-wakeC:
+			case <-w.notify:
 			case <-timer.C:
 				if polling {
 					read = true
@@ -328,13 +321,7 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 				continue
 			}
 		}
-		var (
-			resync bool
-			pushed []redis.XMessage
-		)
-		if w != nil {
-			resync, _, pushed = w.take()
-		}
+		resync, _, pushed := w.take()
 		var stored []redis.XMessage
 		if resync || read {
 			read = false

@@ -70,11 +70,6 @@ func (o *remoteOwnership) renewCmd(ctx context.Context, p redis.Pipeliner) *redi
 	return renewScript.EvalSha(ctx, p, []string{o.k.meta, o.k.stream}, o.renewArgs()...)
 }
 
-// renewOne renews alone (loading the script if Redis lost it).
-func (o *remoteOwnership) renewOne(ctx context.Context) (int64, error) {
-	return renewScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream}, o.renewArgs()...).Int64()
-}
-
 // renewed takes a renewal's answer: the new lease_until, or ErrLeaseLost.
 func (o *remoteOwnership) renewed(v int64, err error) error {
 	if err == nil && v > 0 {

@@ -84,26 +84,48 @@ func (rn *renewer) loop() {
 	}
 }
 
-// renew sends one batch of renewals, and the alive message after them.
-func (rn *renewer) renew(batch []*renewal) {
+// pipeline sends the renewals of batch in one pipeline, and the alive message with them.
+func (rn *renewer) pipeline(ctx context.Context, batch []*renewal, alive bool) []*redis.Cmd {
 	r := rn.r
-	g := r.g
-	ctx, cancel := context.WithTimeout(g.ctx, writeTimeout(g))
-	defer cancel()
 	cmds := make([]*redis.Cmd, len(batch))
 	_, _ = r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, rl := range batch {
 			cmds[i] = rl.o.renewCmd(ctx, p)
 		}
-		p.Publish(ctx, r.wake.aliveChannel(g.opts.InstanceID), "")
+		if alive {
+			p.Publish(ctx, r.wake.aliveChannel(r.g.opts.InstanceID), "")
+		}
 		return nil
 	})
-	for i, rl := range batch {
-		v, err := cmds[i].Int64()
-		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			v, err = rl.o.renewOne(ctx) // scripts flushed (a restart): load and run it
+	return cmds
+}
+
+// renew sends one batch of renewals, and the alive message with them.
+func (rn *renewer) renew(batch []*renewal) {
+	r := rn.r
+	g := r.g
+	ctx, cancel := context.WithTimeout(g.ctx, writeTimeout(g))
+	defer cancel()
+	cmds := rn.pipeline(ctx, batch, true)
+	// A Redis that lost its scripts (a restart, a failover) answers NOSCRIPT to every
+	// EVALSHA: load the script once, then send those renewals again.
+	var again []int
+	for i := range batch {
+		if redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
+			again = append(again, i)
 		}
-		err = rl.o.renewed(v, err)
+	}
+	if len(again) > 0 && renewScript.Load(ctx, r.rdb).Err() == nil {
+		retry := make([]*renewal, len(again))
+		for j, i := range again {
+			retry[j] = batch[i]
+		}
+		for j, c := range rn.pipeline(ctx, retry, false) {
+			cmds[again[j]] = c
+		}
+	}
+	for i, rl := range batch {
+		err := rl.o.renewed(cmds[i].Int64())
 		switch {
 		case errors.Is(err, ErrLeaseLost):
 			rl.cancel(ErrLeaseLost)

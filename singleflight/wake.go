@@ -1,11 +1,10 @@
 package singleflight
 
 import (
-	"context"
-	"errors"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -28,9 +27,13 @@ import (
 type wakeHub struct {
 	r *remote
 
-	mu      sync.Mutex
-	ps      *redis.PubSub
-	watches map[string][]*watch // channel → its watchers
+	mu         sync.Mutex
+	ps         *redis.PubSub
+	watches    map[string][]*watch // channel → its watchers
+	subscribed map[string]bool     // channels the sender has subscribed (and not left)
+	dirty      map[string]bool     // channels whose watchers changed since the sender looked
+	flush      chan struct{}       // has room for one: dirty has channels
+	down       atomic.Bool         // the connection failed and has not delivered since
 }
 
 // watch is one follower's subscription to a channel: the messages it has not taken yet.
@@ -39,16 +42,14 @@ type watch struct {
 	channel string
 	notify  chan struct{} // has room for one: set when there is something to take
 
-	mu        sync.Mutex
-	queue     []redis.XMessage // entries pushed, in order
-	resync    bool             // (re)subscribed, or the connection broke: read the stream
-	alive     bool             // the owner said it is alive
-	confirmed bool             // Redis confirmed the subscription
-	broken    bool             // the connection failed since the watch began
+	mu     sync.Mutex
+	queue  []redis.XMessage // entries pushed, in order
+	resync bool             // (re)subscribed, or the connection broke: read the stream
+	alive  bool             // the owner said it is alive
 }
 
 func newWakeHub(r *remote) *wakeHub {
-	return &wakeHub{r: r, watches: map[string][]*watch{}}
+	return &wakeHub{r: r, watches: map[string][]*watch{}, subscribed: map[string]bool{}, dirty: map[string]bool{}, flush: make(chan struct{}, 1)}
 }
 
 // aliveChannel is where the owner instance id publishes that it renewed its leases.
@@ -56,59 +57,39 @@ func (h *wakeHub) aliveChannel(instance string) string {
 	return h.r.g.opts.KeyPrefix + ":alive:" + instance
 }
 
-// watch subscribes to channel and returns once Redis has confirmed it (the watch then
-// holds resync), or with an error if it does not within the client's read timeout.
-func (h *wakeHub) watch(ctx context.Context, channel string) (*watch, error) {
+// watch subscribes to channel. It does not wait for Redis to confirm: the confirmation
+// (and every one after a reconnect) sets resync and wakes the watch, and the follower
+// reads the stream then, so nothing published before the subscription took effect is
+// missed.
+func (h *wakeHub) watch(channel string) (*watch, error) {
 	w := &watch{hub: h, channel: channel, notify: make(chan struct{}, 1)}
 	h.mu.Lock()
 	if err := h.start(); err != nil {
 		h.mu.Unlock()
 		return nil, err
 	}
-	first := len(h.watches[channel]) == 0
 	h.watches[channel] = append(h.watches[channel], w)
-	ps := h.ps
+	subscribed := h.subscribed[channel]
+	if !subscribed {
+		h.dirty[channel] = true
+	}
 	h.mu.Unlock()
-	if !first {
+	if subscribed {
 		w.mu.Lock()
-		w.resync, w.confirmed = true, true // already subscribed: read, then trust messages
+		w.resync = true // already subscribed: read, then trust messages
 		w.mu.Unlock()
 		w.wake()
-	} else if err := ps.Subscribe(ctx, channel); err != nil {
-		w.close()
-		return nil, err
+	} else {
+		h.kick()
 	}
-	t := time.NewTimer(h.confirmTimeout())
-	defer t.Stop()
-	for {
-		select {
-		case <-w.notify:
-		case <-t.C:
-			w.close()
-			return nil, errors.New("singleflight: subscription not confirmed in time")
-		case <-ctx.Done():
-			w.close()
-			return nil, context.Cause(ctx)
-		}
-		w.mu.Lock()
-		confirmed, broken := w.confirmed, w.broken
-		w.mu.Unlock()
-		if confirmed {
-			w.wake() // keep the signal for the follower's loop
-			return w, nil
-		}
-		if broken {
-			w.close()
-			return nil, errors.New("singleflight: pub/sub connection failed")
-		}
-	}
+	return w, nil
 }
 
-func (h *wakeHub) confirmTimeout() time.Duration {
-	if d := h.r.g.opts.LeaseTTL; d < 2*time.Second {
-		return 2 * time.Second
+func (h *wakeHub) kick() {
+	select {
+	case h.flush <- struct{}{}:
+	default:
 	}
-	return h.r.g.opts.LeaseTTL
 }
 
 // start opens the pub/sub connection and its reader, once; h.mu held. It is called by a
@@ -124,13 +105,48 @@ func (h *wakeHub) start() error {
 	g.wg.Add(2)
 	h.ps = h.r.rdb.Subscribe(g.ctx)
 	ps := h.ps
-	go func() {
-		defer g.wg.Done()
-		<-g.ctx.Done()
-		_ = ps.Close()
-	}()
+	go h.send(ps)
 	go h.receive(ps)
 	return nil
+}
+
+// send subscribes the channels that gained their first watcher and unsubscribes those
+// that lost their last, each kind in one command, until the Group closes; then it closes
+// the connection. One goroutine sends them all, so a channel's subscription and
+// unsubscription always reach Redis in the order they were decided.
+func (h *wakeHub) send(ps *redis.PubSub) {
+	g := h.r.g
+	defer g.wg.Done()
+	defer ps.Close()
+	for {
+		select {
+		case <-g.ctx.Done():
+			return
+		case <-h.flush:
+		}
+		var join, leave []string
+		h.mu.Lock()
+		for ch := range h.dirty {
+			switch on := len(h.watches[ch]) > 0; {
+			case on && !h.subscribed[ch]:
+				join = append(join, ch)
+				h.subscribed[ch] = true
+			case !on && h.subscribed[ch]:
+				leave = append(leave, ch)
+				delete(h.subscribed, ch)
+			}
+		}
+		clear(h.dirty)
+		h.mu.Unlock()
+		// Errors need nothing here: go-redis subscribes every channel again when it
+		// reconnects, and the watchers read their streams on the confirmations.
+		if len(join) > 0 {
+			_ = ps.Subscribe(g.ctx, join...)
+		}
+		if len(leave) > 0 {
+			_ = ps.Unsubscribe(g.ctx, leave...)
+		}
+	}
 }
 
 // receive routes what the connection brings: a confirmed subscription makes its watchers
@@ -147,7 +163,8 @@ func (h *wakeHub) receive(ps *redis.PubSub) {
 		if err != nil {
 			// Messages may be lost: every follower reads its stream (one whose Redis is
 			// down finds out at once, and goes local-only).
-			h.all(func(w *watch) { w.mu.Lock(); w.broken, w.resync = true, true; w.mu.Unlock() })
+			h.down.Store(true)
+			h.all(func(w *watch) { w.mu.Lock(); w.resync = true; w.mu.Unlock() })
 			// go-redis reconnects and subscribes again on the next Receive; wait a little
 			// so that a Redis that is down does not make this a busy loop.
 			t := time.NewTimer(backoff)
@@ -161,10 +178,11 @@ func (h *wakeHub) receive(ps *redis.PubSub) {
 			continue
 		}
 		backoff = 10 * time.Millisecond
+		h.down.Store(false)
 		switch m := v.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" {
-				h.each(m.Channel, func(w *watch) { w.mu.Lock(); w.resync, w.confirmed = true, true; w.mu.Unlock() })
+				h.each(m.Channel, func(w *watch) { w.mu.Lock(); w.resync = true; w.mu.Unlock() })
 			}
 		case *redis.Message:
 			if strings.HasPrefix(m.Channel, h.r.g.opts.KeyPrefix+":alive:") {
@@ -240,12 +258,9 @@ func (w *watch) close() {
 		return
 	}
 	delete(h.watches, w.channel)
-	ps := h.ps
+	h.dirty[w.channel] = true // unsubscribed by the sender; a message meanwhile finds no watcher
 	h.mu.Unlock()
-	if ps != nil && h.r.g.ctx.Err() == nil {
-		// Not waited for: a late message for it finds no watcher and is dropped.
-		_ = ps.Unsubscribe(context.WithoutCancel(h.r.g.ctx), w.channel)
-	}
+	h.kick()
 }
 
 // decodeEntry parses a message of wake.lua: the entry's ID, then its fields, each
