@@ -155,6 +155,7 @@ type clusterOpts struct {
 	// redisAddrs, if set, are the Redis the proxies use (a Cluster's nodes) instead of a
 	// redis-server of the cluster's own.
 	redisAddrs []string
+	redisArgs  []string // more arguments of the cluster's own redis-server
 }
 
 // startCluster starts Redis, the fake upstream and the proxies, each on a free loopback
@@ -167,7 +168,7 @@ func startCluster(t *testing.T, o clusterOpts) *cluster {
 	c := &cluster{t: t}
 	redisAddrs := strings.Join(o.redisAddrs, ",")
 	if redisAddrs == "" {
-		c.redis = redistest.Start(t, redistest.Options{Persist: o.persist})
+		c.redis = redistest.Start(t, redistest.Options{Persist: o.persist, Args: o.redisArgs})
 		redisAddrs = c.redis.Addr
 	}
 	c.fake = startFake(t)

@@ -80,9 +80,18 @@ func (rn *renewer) loop() {
 		if g.hooks.beforeRenew != nil {
 			g.hooks.beforeRenew(g.ctx)
 		}
-		rn.renew(batch)
+		// In pipelines of renewChunk: a slow reply delays (or fails) a few hundred
+		// renewals, not every lease this process holds.
+		for len(batch) > 0 {
+			n := min(len(batch), renewChunk)
+			rn.renew(batch[:n])
+			batch = batch[n:]
+		}
 	}
 }
+
+// renewChunk is the most renewals sent in one pipeline.
+const renewChunk = 256
 
 // pipeline sends the renewals of batch in one pipeline, and the alive message with them.
 func (rn *renewer) pipeline(ctx context.Context, batch []*renewal, alive bool) []*redis.Cmd {

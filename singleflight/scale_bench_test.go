@@ -13,7 +13,7 @@ import (
 // follows each of them. Reports the Redis commands the follower sends per second while
 // it waits, the connections it holds, and the time from release to its last answer.
 func BenchmarkManyFollowedKeys(b *testing.B) {
-	const n = 5000
+	const n = 10000
 	srv := redistest.Start(b)
 	for b.Loop() {
 		owner := New(Options{Redis: srv.Client(), ResultTTL: time.Minute})
@@ -64,6 +64,7 @@ func BenchmarkManyFollowedKeys(b *testing.B) {
 		after, _ := srv.Client().Info(context.Background(), "commandstats").Result()
 		b.Logf("before:\n%s\nafter:\n%s", before, after)
 		b.ReportMetric(perSec, "cmds/s-waiting")
+		b.ReportMetric(float64(rec.count(EventTakeover)), "takeovers")
 		b.ReportMetric(float64(time.Since(start).Milliseconds()), "ms-release-to-last")
 		follower.Close(context.Background())
 		owner.Close(context.Background())

@@ -33,6 +33,8 @@ type Server struct {
 type Options struct {
 	// Persist turns on the append-only file, so that a restart keeps the data.
 	Persist bool
+	// Args are more redis-server arguments, such as "--maxclients", "100".
+	Args []string
 }
 
 // Start runs a redis-server for the test and stops it in t.Cleanup. There is no skipping:
@@ -47,6 +49,7 @@ func Start(t testing.TB, opts ...Options) *Server {
 	s := &Server{t: t, dir: t.TempDir()}
 	if len(opts) > 0 {
 		s.persist = opts[0].Persist
+		s.args = opts[0].Args
 	}
 	for i := 0; ; i++ {
 		s.port = freePort(t)
