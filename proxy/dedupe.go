@@ -32,12 +32,23 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			p.pass.ServeHTTP(w, r)
 			return
 		}
+		tooLarge := func() {
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+				"the request body is larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes")
+		}
+		if r.ContentLength > p.cfg.MaxBodyBytes {
+			tooLarge() // at once, without waiting for a body that would be refused
+			return
+		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
 		if err != nil {
 			var tooBig *http.MaxBytesError
-			if errors.As(err, &tooBig) {
-				writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
-					"the request body is larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes")
+			switch {
+			case errors.As(err, &tooBig):
+				tooLarge()
+				return
+			case errors.Is(err, errBodyTimeout):
+				writeBodyTimeout(w)
 				return
 			}
 			writeError(w, http.StatusBadRequest, "invalid_request_error", "body_unreadable", "the request body could not be read")
