@@ -65,30 +65,34 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 		}
 		info.key = req.Key
 		cc := cacheControl(r.Header)
-		fn := p.ownerFunc(route, r, body, req.Stream, cc.noStore)
+		fctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		ho := newHandoff(cancel)
+		defer ho.close()
+		fn := p.ownerFunc(route, req.Key, r, body, req.Stream, cc.noStore, ho)
 		rd, err := p.cfg.Flights.Do(req.Key, cc.noCache, fn)
 		if err != nil {
 			writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the proxy is shutting down")
 			return
 		}
 		defer rd.Close()
-		p.respond(w, r, route, req, rd, info)
+		p.respond(w, r, route, req, &source{rd: rd, fctx: fctx, ho: ho}, info)
 	}
 }
 
 // respond writes a flight's outcome to the client as it arrives.
-func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, req hashing.Request, rd *singleflight.Reader, info *requestInfo) {
+func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, req hashing.Request, rd *source, info *requestInfo) {
 	ctx := r.Context()
 	p.cfg.Recorder.WaitingAdd(1)
-	first, err := rd.Next(ctx)
+	first, err := rd.next(ctx)
 	p.cfg.Recorder.WaitingAdd(-1)
-	role := rd.Role()
+	role := rd.role()
 	info.role = role.String()
 	if err != nil && !errors.Is(err, io.EOF) {
 		p.failBeforeBytes(w, ctx, err)
 		return
 	}
-	head := rd.Head()
+	head := rd.head()
 	h := w.Header()
 	for k, vs := range head.Header {
 		h[k] = vs
@@ -96,7 +100,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 	h.Set(HeaderRole, role.String())
 	h.Set(HeaderKey, req.Key)
 	if role == singleflight.RoleHit {
-		h.Set("Age", strconv.Itoa(int(rd.Age().Seconds())))
+		h.Set("Age", strconv.Itoa(int(rd.rd.Age().Seconds())))
 	}
 	sse := isSSE(head.Header)
 	if sse {
@@ -118,7 +122,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 	ok := errors.Is(err, io.EOF) || write(first)
 	for ok && !errors.Is(err, io.EOF) {
 		var c []byte
-		c, err = rd.Next(ctx)
+		c, err = rd.next(ctx)
 		switch {
 		case err == nil:
 			ok = write(c)
@@ -132,6 +136,11 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 			}
 			info.broken = true
 			ok = false
+			if rd.priv && !sse {
+				// Its own answer, cut short: the client must see a broken answer, not
+				// a whole one (a chunked body would end cleanly).
+				panic(http.ErrAbortHandler)
+			}
 		}
 	}
 	if ok && (role == singleflight.RoleFollower || role == singleflight.RoleHit) && head.Status/100 == 2 {

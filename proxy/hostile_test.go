@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bufio"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
 // rawRequest writes raw (a request in HTTP/1.1 wire form, possibly incomplete) to the
@@ -156,5 +158,38 @@ func TestBodyTimeoutEndsWithTheBody(t *testing.T) {
 		if a := post(t, in.URL, path, chatBody, hdr...); a.err != nil || a.status != 200 {
 			t.Errorf("POST %s answered after 500ms: got %d, %v; want 200", path, a.status, a.err)
 		}
+	}
+}
+
+// syncBuffer is a log sink safe for the server's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestDedupeFailureCauseLogged: the client of a failed call on a deduplicated route gets a
+// 502 that does not say why (the cause may name internal addresses); the log must.
+func TestDedupeFailureCauseLogged(t *testing.T) {
+	var logs syncBuffer
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{base: "http://127.0.0.1:1", flight: singleflight.Options{MaxAttempts: 1},
+		proxy: func(c *proxy.Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) }})
+	if a := post(t, in.URL, "/v1/chat/completions", chatBody); a.status != http.StatusBadGateway {
+		t.Fatalf("got %d; want 502", a.status)
+	}
+	if l := logs.String(); !strings.Contains(l, "upstream call failed") || !strings.Contains(l, "connection refused") {
+		t.Errorf("log %q; want a line \"upstream call failed\" with the cause (connection refused)", l)
 	}
 }

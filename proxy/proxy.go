@@ -50,7 +50,9 @@ type Config struct {
 	BodyReadTimeout time.Duration
 	// MaxBodyBytes bounds a request body. If zero, 10 MiB is used.
 	MaxBodyBytes int64
-	// MaxResponseBytes bounds an upstream answer that is shared. If zero, 64 MiB is used.
+	// MaxResponseBytes bounds an upstream answer that is shared with other requests and
+	// stored; a larger one goes to the client whose request made the call only (see
+	// handoff). It also bounds what a flight of this process holds. If zero, 64 MiB is used.
 	MaxResponseBytes int64
 	// Paths are the POST routes that are deduplicated. If nil, DefaultPaths.
 	Paths []string
