@@ -19,7 +19,7 @@ const (
 	EventFencedWrite                          // a stale owner's write was refused (Op)
 	EventHeartbeatFailed                      // a renewal failed for other reasons than fencing (Err)
 	EventRedisError                           // a Redis command failed (Op, Err)
-	EventDegraded                             // Redis stopped answering: local-only dedupe
+	EventDegraded                             // Redis stopped answering: local-only dedupe (Err: the cause)
 	EventRecovered                            // Redis answers again: distributed dedupe
 	EventFlightStart                          // a local flight started
 	EventFlightEnd                            // a local flight ended

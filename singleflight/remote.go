@@ -178,12 +178,15 @@ func (r *remote) redisErr(op string, err error) error {
 	}
 	r.g.observe(Event{Kind: EventRedisError, Op: op, Err: err})
 	if unavailable(err) {
-		r.degrade()
+		r.degrade(err)
 	}
 	return err
 }
 
 // unavailable tells errors of an unreachable or unusable server from replies to a command.
+// Authentication and permission errors (a wrong or missing password, an ACL user that may
+// not run the scripts) make Redis as unusable as a network error, for every command, until
+// the configuration is fixed; so do TLS errors (not redis.Error: they fall through).
 func unavailable(err error) bool {
 	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
 		return false // this process is busy, Redis is not down: only that flight goes local
@@ -191,7 +194,7 @@ func unavailable(err error) bool {
 	var re redis.Error
 	if errors.As(err, &re) {
 		msg := re.Error()
-		for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY"} {
+		for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY", "NOAUTH", "WRONGPASS", "NOPERM"} {
 			if strings.HasPrefix(msg, p) {
 				return true
 			}
@@ -204,14 +207,14 @@ func unavailable(err error) bool {
 // degrade switches the Group to local-only dedupe until Redis answers a PING again, on
 // both clients. degraded and probing change together under one lock, so that a failure
 // reported while a probe is ending always leaves a probe running.
-func (r *remote) degrade() {
+func (r *remote) degrade(cause error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.g.degraded.Load() {
 		return
 	}
 	r.g.degraded.Store(true)
-	r.g.observe(Event{Kind: EventDegraded})
+	r.g.observe(Event{Kind: EventDegraded, Err: cause})
 	if r.probing {
 		return
 	}

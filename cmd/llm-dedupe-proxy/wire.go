@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -87,6 +89,13 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		return nil, err
 	}
 	logger.Info("backend", "kind", group.Backend(), "redis", cfg.Redis.Addrs)
+	if len(clients) > 0 {
+		// A refused password or certificate shows now, as degraded, not at the first
+		// request; an unreachable Redis is no reason not to start (fail open).
+		ctx, cancel := context.WithTimeout(context.Background(), 2*cfg.Redis.DialTimeout+cfg.Redis.ReadTimeout)
+		_ = group.Check(ctx)
+		cancel()
+	}
 	return &wiring{
 		handler: p,
 		drain:   p.Drain,
@@ -147,7 +156,8 @@ func (o *logObserver) Observe(e singleflight.Event) {
 	o.next.Observe(e)
 	switch e.Kind {
 	case singleflight.EventDegraded:
-		o.log.Warn("redis unavailable: serving with local-only dedupe until it answers")
+		msg, level := degradedMessage(e.Err)
+		o.log.Log(context.Background(), level, msg, "err", e.Err)
 	case singleflight.EventRecovered:
 		o.log.Info("redis answers again: distributed dedupe resumed")
 	case singleflight.EventTakeover:
@@ -159,6 +169,36 @@ func (o *logObserver) Observe(e singleflight.Event) {
 	case singleflight.EventRedisError:
 		o.log.Debug("redis error", "op", e.Op, "err", e.Err)
 	}
+}
+
+// degradedMessage says why Redis cannot be used, and how loud: a refused password or an
+// untrusted certificate is a configuration to fix, not an outage to wait out.
+func degradedMessage(err error) (string, slog.Level) {
+	const local = "; serving with local-only dedupe"
+	var re redis.Error
+	if errors.As(err, &re) {
+		msg := re.Error()
+		switch {
+		case strings.HasPrefix(msg, "NOAUTH"), strings.HasPrefix(msg, "WRONGPASS"):
+			return "redis authentication failed: check redis.username and redis.password" + local, slog.LevelError
+		case strings.HasPrefix(msg, "NOPERM"):
+			return "redis refused a command: the ACL user lacks a permission the proxy needs" + local, slog.LevelError
+		}
+	}
+	var (
+		unknownCA *x509.UnknownAuthorityError
+		hostname  x509.HostnameError
+		invalid   x509.CertificateInvalidError
+		verify    *tls.CertificateVerificationError
+		record    tls.RecordHeaderError
+	)
+	switch {
+	case errors.As(err, &unknownCA), errors.As(err, &hostname), errors.As(err, &invalid), errors.As(err, &verify):
+		return "redis TLS certificate not trusted: check redis.tls_ca_file and the server's certificate" + local, slog.LevelError
+	case errors.As(err, &record):
+		return "redis TLS handshake failed: does the server speak TLS? check redis.tls" + local, slog.LevelError
+	}
+	return "redis unavailable: serving with local-only dedupe until it answers", slog.LevelWarn
 }
 
 func short(key string) string {

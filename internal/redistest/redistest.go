@@ -24,6 +24,7 @@ type Server struct {
 	port    int
 	dir     string
 	persist bool
+	pass    string
 	cmd     *exec.Cmd
 	exited  chan struct{}
 }
@@ -32,6 +33,8 @@ type Server struct {
 type Options struct {
 	// Persist turns on the append-only file, so that a restart keeps the data.
 	Persist bool
+	// Password, if set, is required of clients (requirepass); Client uses it.
+	Password string
 }
 
 // Start runs a redis-server for the test and stops it in t.Cleanup. There is no skipping:
@@ -45,7 +48,7 @@ func Start(t testing.TB, opts ...Options) *Server {
 	_ = bin
 	s := &Server{t: t, dir: t.TempDir()}
 	if len(opts) > 0 {
-		s.persist = opts[0].Persist
+		s.persist, s.pass = opts[0].Persist, opts[0].Password
 	}
 	for i := 0; ; i++ {
 		s.port = freePort(t)
@@ -78,6 +81,9 @@ func (s *Server) start() error {
 		"--save", "", "--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning",
 		"--logfile", filepath.Join(s.dir, "redis.log"),
 	}
+	if s.pass != "" {
+		args = append(args, "--requirepass", s.pass)
+	}
 	if s.persist {
 		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
 	} else {
@@ -99,7 +105,7 @@ func (s *Server) start() error {
 			return fmt.Errorf("exited at start: %s", log)
 		default:
 		}
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, Password: s.pass, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 		err := c.Ping(context.Background()).Err()
 		c.Close()
 		if err == nil {
@@ -113,7 +119,7 @@ func (s *Server) start() error {
 
 // Client returns a client of the server, closed in t.Cleanup.
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, MaxRetries: 1})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, Password: s.pass, DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, MaxRetries: 1})
 	s.t.Cleanup(func() { c.Close() })
 	return c
 }
