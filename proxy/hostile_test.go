@@ -180,16 +180,20 @@ func (s *syncBuffer) String() string {
 }
 
 // TestDedupeFailureCauseLogged: the client of a failed call on a deduplicated route gets a
-// 502 that does not say why (the cause may name internal addresses); the log must.
+// 502 that does not say why (the cause may name internal addresses); the log must, without
+// the secrets of the base URL.
 func TestDedupeFailureCauseLogged(t *testing.T) {
 	var logs syncBuffer
 	up := startUpstream(t)
-	in := newInstance(t, up, setup{base: "http://127.0.0.1:1", flight: singleflight.Options{MaxAttempts: 1},
+	in := newInstance(t, up, setup{base: "http://127.0.0.1:1/openai?api-key=k3y-secret", flight: singleflight.Options{MaxAttempts: 1},
 		proxy: func(c *proxy.Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) }})
 	if a := post(t, in.URL, "/v1/chat/completions", chatBody); a.status != http.StatusBadGateway {
 		t.Fatalf("got %d; want 502", a.status)
 	}
 	if l := logs.String(); !strings.Contains(l, "upstream call failed") || !strings.Contains(l, "connection refused") {
 		t.Errorf("log %q; want a line \"upstream call failed\" with the cause (connection refused)", l)
+	}
+	if l := logs.String(); strings.Contains(l, "k3y-secret") {
+		t.Errorf("log %q shows the api-key of the base URL", l)
 	}
 }

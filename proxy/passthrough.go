@@ -51,7 +51,7 @@ func NewPassthrough(target *url.URL, apiKey string, transport http.RoundTripper)
 		timedOut := isTimeout(err) || errors.Is(context.Cause(r.Context()), context.DeadlineExceeded)
 		clientGone := errors.Is(err, context.Canceled) && r.Context().Err() != nil && !timedOut
 		if p.ErrorLog != nil && !clientGone {
-			p.ErrorLog.Printf("upstream %s %s: %v", r.Method, r.URL.Path, err)
+			p.ErrorLog.Printf("upstream %s %s: %v", r.Method, r.URL.Path, redactErr(err))
 		}
 		status, code, msg := http.StatusBadGateway, "upstream_unavailable", "the upstream API could not be reached"
 		if timedOut {

@@ -137,7 +137,7 @@ func (p *Proxy) logFailure(route, key string, err error) {
 	if len(key) > 12 {
 		key = key[:12]
 	}
-	p.cfg.Logger.Warn("upstream call failed", "route", route, "key", key, "err", err)
+	p.cfg.Logger.Warn("upstream call failed", "route", route, "key", key, "err", redactErr(err))
 }
 
 // readWhole reads a unary answer; the idle timeout applies between reads. Up to

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -59,31 +60,38 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		BatchBytes:        cfg.Flight.StreamBatchBytes,
 		StreamMaxLen:      int(cfg.Flight.StreamMaxLen),
 		MemoryMaxEntries:  cfg.Flight.MemoryMaxEntries,
+		MemoryMaxBytes:    cfg.Flight.MemoryMaxBytes,
 		Observer:          &logObserver{next: m, log: logger},
 	}
 	var clients []redis.UniversalClient
 	if len(cfg.Redis.Addrs) > 0 {
 		redis.SetLogger(redisLogger{logger})
-		opts.Redis = newRedis(cfg.Redis, false)
-		opts.BlockingRedis = newRedis(cfg.Redis, true)
+		tlsCfg, err := redisTLS(cfg.Redis)
+		if err != nil {
+			return nil, err
+		}
+		opts.Redis = newRedis(cfg.Redis, tlsCfg, false)
+		opts.BlockingRedis = newRedis(cfg.Redis, tlsCfg, true)
 		clients = append(clients, opts.Redis, opts.BlockingRedis)
 	}
 	group := singleflight.New(opts)
 
 	transport := proxy.NewTransport()
 	p, err := proxy.New(proxy.Config{
-		Upstream:     target,
-		APIKey:       cfg.Upstream.APIKey,
-		Transport:    transport,
-		Timeout:      cfg.Upstream.Timeout,
-		IdleTimeout:  cfg.Upstream.IdleTimeout,
-		MaxBodyBytes: cfg.Limits.MaxBodyBytes,
-		Paths:        cfg.Dedupe.Paths,
-		Flights:      group,
-		Hasher:       hashing.New(hashing.Options{Scope: scope, IgnoreFields: cfg.Hashing.IgnoreFields}),
-		Recorder:     m,
-		Metrics:      promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
-		Logger:       logger,
+		Upstream:         target,
+		APIKey:           cfg.Upstream.APIKey,
+		Transport:        transport,
+		Timeout:          cfg.Upstream.Timeout,
+		IdleTimeout:      cfg.Upstream.IdleTimeout,
+		MaxBodyBytes:     cfg.Limits.MaxBodyBytes,
+		BodyReadTimeout:  cfg.Limits.BodyReadTimeout,
+		MaxResponseBytes: cfg.Limits.MaxResponseBytes,
+		Paths:            cfg.Dedupe.Paths,
+		Flights:          group,
+		Hasher:           hashing.New(hashing.Options{Scope: scope, IgnoreFields: cfg.Hashing.IgnoreFields}),
+		Recorder:         m,
+		Metrics:          promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
+		Logger:           logger,
 	})
 	if err != nil {
 		return nil, err
@@ -119,7 +127,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 // newRedis returns a client for standalone (one address), Sentinel (master_name set) or
 // Cluster (several addresses). The blocking client holds one connection per key being
 // waited for, so its pool is large and its buffers small.
-func newRedis(c RedisConfig, blocking bool) redis.UniversalClient {
+func newRedis(c RedisConfig, tlsCfg *tls.Config, blocking bool) redis.UniversalClient {
 	o := &redis.UniversalOptions{
 		Addrs:        c.Addrs,
 		MasterName:   c.MasterName,
@@ -135,15 +143,34 @@ func newRedis(c RedisConfig, blocking bool) redis.UniversalClient {
 		// requests after Redis died wait over a second before the instance degraded.
 		DialerRetries: 1,
 	}
-	if c.TLS {
-		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
+	o.TLSConfig = tlsCfg
 	if blocking {
 		o.PoolSize = c.BlockingPoolSize
 		o.ReadBufferSize = 4 << 10
 		o.WriteBufferSize = 1 << 10
 	}
 	return redis.NewUniversalClient(o)
+}
+
+// redisTLS is the TLS configuration of the Redis clients: nil without redis.tls; the
+// system's roots, or the CA certificates of redis.tls_ca_file for a private CA.
+func redisTLS(c RedisConfig) (*tls.Config, error) {
+	if !c.TLS {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.TLSCAFile == "" {
+		return cfg, nil
+	}
+	pem, err := os.ReadFile(c.TLSCAFile)
+	if err != nil {
+		return nil, &configError{Key: "redis.tls_ca_file", Rule: err.Error()}
+	}
+	cfg.RootCAs = x509.NewCertPool()
+	if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+		return nil, &configError{Key: "redis.tls_ca_file", Rule: "no PEM certificate in " + c.TLSCAFile}
+	}
+	return cfg, nil
 }
 
 // logObserver logs what an operator should see, and passes every event on to metrics.
