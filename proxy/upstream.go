@@ -177,7 +177,13 @@ func (p *Proxy) readWhole(ctx context.Context, cancel context.CancelCauseFunc, b
 	if err != nil {
 		return transportFailure(ctx, err), false, err
 	}
-	return singleflight.Result{Head: head, Body: buf.Bytes()}, false, nil
+	b := buf.Bytes()
+	if cap(b)-len(b) > len(b)/8 {
+		// The buffer grew by doubling: kept for ResultTTL as it is, up to half of it
+		// would be spare capacity that no bound on stored bytes sees.
+		b = bytes.Clone(b)
+	}
+	return singleflight.Result{Head: head, Body: b}, false, nil
 }
 
 // readBuffers are the buffers upstream answers are read with (sinks copy what they keep):
