@@ -14,7 +14,8 @@
 //     reason this package does not know yet; op (Redis errors) is the name of a coordinator
 //     operation chosen by the code, never by input ("unknown" if empty);
 //   - model is the request's "model" string, which a client controls: after [MaxModels]
-//     distinct values, every new one is counted as "other", and "" as "unknown".
+//     distinct values, every new one is counted as "other", and "" as "unknown"; so is
+//     one longer than [MaxModelBytes] or not valid UTF-8.
 //
 // # Wiring
 //
@@ -41,6 +42,12 @@ const namespace = "llm_dedupe"
 // unbounded label would let anyone exhaust Prometheus's memory.
 const MaxModels = 100
 
+// MaxModelBytes is the longest model string used as a label value; a longer one (or one
+// that is not valid UTF-8, which Prometheus refuses) is counted as "other". The distinct
+// values are capped by MaxModels, their length by this: 100 × 128 bytes bound what clients
+// can add to /metrics. Real model and deployment names are far shorter.
+const MaxModelBytes = 128
+
 // Label values the package substitutes for input it will not use as is.
 const (
 	modelOther   = "other"
@@ -51,6 +58,11 @@ const (
 // takeoverReasons are the reasons singleflight reports for EventTakeover; they are
 // pre-initialised to 0 so that dashboards and rate() see them before the first takeover.
 var takeoverReasons = []string{"expired", "failed", "shutdown", "degraded"}
+
+// redisOps are the coordinator operations singleflight names in EventRedisError (and the
+// start-up check, "ping"), pre-initialised so that an alert on redis_errors_total sees 0
+// before the first error. An operation not listed is still counted under its own name.
+var redisOps = []string{"lookup", "claim", "incr", "renew", "append", "complete", "fail", "xread", "ping"}
 
 // flightRoles are the roles a local flight can be given (EventRole), pre-initialised too.
 var flightRoles = []string{"owner", "follower", "hit"}
@@ -206,6 +218,9 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	for _, r := range flightRoles {
 		m.roles.WithLabelValues(r)
+	}
+	for _, op := range redisOps {
+		m.redisErrors.WithLabelValues(op)
 	}
 	reg.MustRegister(
 		m.requests, m.requestDuration, m.upstream, m.upstreamDuration,

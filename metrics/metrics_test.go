@@ -304,6 +304,7 @@ func TestPreinitialised(t *testing.T) {
 	}{
 		{"takeovers", m.takeovers, takeoverReasons},
 		{"roles", m.roles, flightRoles},
+		{"redis errors", m.redisErrors, redisOps},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -315,6 +316,11 @@ func TestPreinitialised(t *testing.T) {
 	for _, r := range takeoverReasons {
 		if got := testutil.ToFloat64(m.takeovers.WithLabelValues(r)); got != 0 {
 			t.Errorf("takeovers{reason=%q}: got %g; want 0", r, got)
+		}
+	}
+	for _, op := range redisOps {
+		if got := testutil.ToFloat64(m.redisErrors.WithLabelValues(op)); got != 0 {
+			t.Errorf("redis_errors_total{op=%q}: got %g; want 0", op, got)
 		}
 	}
 }

@@ -1,6 +1,9 @@
 package metrics
 
-import "sync"
+import (
+	"sync"
+	"unicode/utf8"
+)
 
 // modelSet caps the distinct model label values; see MaxModels.
 type modelSet struct {
@@ -13,6 +16,9 @@ type modelSet struct {
 func (s *modelSet) label(model string) string {
 	if model == "" {
 		return modelUnknown
+	}
+	if len(model) > MaxModelBytes || !utf8.ValidString(model) {
+		return modelOther // not a model name anyone deploys, and no label value to keep
 	}
 	s.mu.RLock()
 	_, ok := s.seen[model]

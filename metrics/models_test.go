@@ -2,8 +2,13 @@ package metrics
 
 import (
 	"fmt"
+	"net/http/httptest"
+	"strconv"
+	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -66,4 +71,36 @@ func TestModelSetLabel(t *testing.T) {
 			t.Errorf("step %d: label(%q) = %q; want %q", i, tc.in, got, tc.want)
 		}
 	}
+}
+
+// TestModelLabelLength: the model string is the client's, so its length is bounded too: a
+// 2 MiB model name must not become a 2 MiB label value on /metrics, whoever sends it.
+func TestModelLabelLength(t *testing.T) {
+	m, reg := newTest(t)
+	huge := strings.Repeat("m", 2<<20)
+	for i := range 5 {
+		m.Saved("/v1/chat/completions", huge+strconv.Itoa(i), 10, 10)
+	}
+	m.Saved("/v1/chat/completions", "bad\xffutf8", 1, 0)
+	page := scrape(t, reg)
+	if len(page) > 256<<10 {
+		t.Errorf("/metrics is %d bytes after five requests with a 2 MiB model; want it bounded (< 256 KiB)", len(page))
+	}
+	if got := testutil.ToFloat64(m.savedTokens.WithLabelValues(modelOther, "prompt")); got != 5*10+1 {
+		t.Errorf("saved_tokens{model=%q}: got %g; want %d (the long and the invalid names)", modelOther, got, 5*10+1)
+	}
+	if got := len(m.models.seen); got != 0 {
+		t.Errorf("got %d models remembered; want 0: a name that is not used as a label must not use up the cap", got)
+	}
+}
+
+// scrape returns the text exposition of reg, as /metrics serves it.
+func scrape(t *testing.T, reg *prometheus.Registry) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != 200 {
+		t.Fatalf("/metrics: status %d: %s", rec.Code, rec.Body)
+	}
+	return rec.Body.String()
 }

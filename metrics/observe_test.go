@@ -88,6 +88,9 @@ func TestObserveCounters(t *testing.T) {
 		takeovers[r] = 0
 	}
 	redis := map[string]float64{}
+	for _, op := range redisOps {
+		redis[op] = 0
+	}
 	var leaseLost, fenced, heartbeat float64
 	var waits uint64
 	var waitSum float64

@@ -32,12 +32,23 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			p.pass.ServeHTTP(w, r)
 			return
 		}
+		tooLarge := func() {
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+				"the request body is larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes")
+		}
+		if r.ContentLength > p.cfg.MaxBodyBytes {
+			tooLarge() // at once, without waiting for a body that would be refused
+			return
+		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
 		if err != nil {
 			var tooBig *http.MaxBytesError
-			if errors.As(err, &tooBig) {
-				writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
-					"the request body is larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes")
+			switch {
+			case errors.As(err, &tooBig):
+				tooLarge()
+				return
+			case errors.Is(err, errBodyTimeout):
+				writeBodyTimeout(w)
 				return
 			}
 			writeError(w, http.StatusBadRequest, "invalid_request_error", "body_unreadable", "the request body could not be read")
@@ -66,7 +77,11 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			// nor made.
 			cc.noCache, cc.noStore = true, true
 		}
-		fn := p.ownerFunc(route, r, body, req.Stream, p.storePolicy(route, req.Model, cc.noStore))
+		fctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		ho := newHandoff(cancel)
+		defer ho.close()
+		fn := p.ownerFunc(route, req.Key, r, body, req.Stream, p.storePolicy(route, req.Model, cc.noStore), ho)
 		rd, err := p.cfg.Flights.DoWith(req.Key, singleflight.CallOptions{
 			NoCache: cc.noCache, MaxAge: cc.maxAge, Route: route, Model: shortModel(req.Model),
 		}, fn)
@@ -75,23 +90,23 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			return
 		}
 		defer rd.Close()
-		p.respond(w, r, route, req, rd, info)
+		p.respond(w, r, route, req, &source{rd: rd, fctx: fctx, ho: ho}, info)
 	}
 }
 
 // respond writes a flight's outcome to the client as it arrives.
-func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, req hashing.Request, rd *singleflight.Reader, info *requestInfo) {
+func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, req hashing.Request, rd *source, info *requestInfo) {
 	ctx := r.Context()
 	p.cfg.Recorder.WaitingAdd(1)
-	first, err := rd.Next(ctx)
+	first, err := rd.next(ctx)
 	p.cfg.Recorder.WaitingAdd(-1)
-	role := rd.Role()
+	role := rd.role()
 	info.role = role.String()
 	if err != nil && !errors.Is(err, io.EOF) {
 		p.failBeforeBytes(w, ctx, err)
 		return
 	}
-	head := rd.Head()
+	head := rd.head()
 	h := w.Header()
 	for k, vs := range head.Header {
 		h[k] = vs
@@ -99,7 +114,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 	h.Set(HeaderRole, role.String())
 	h.Set(HeaderKey, req.Key)
 	if role == singleflight.RoleHit {
-		h.Set("Age", strconv.Itoa(int(rd.Age().Seconds())))
+		h.Set("Age", strconv.Itoa(int(rd.rd.Age().Seconds())))
 	}
 	sse := isSSE(head.Header)
 	if sse {
@@ -121,7 +136,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 	ok := errors.Is(err, io.EOF) || write(first)
 	for ok && !errors.Is(err, io.EOF) {
 		var c []byte
-		c, err = rd.Next(ctx)
+		c, err = rd.next(ctx)
 		switch {
 		case err == nil:
 			ok = write(c)
@@ -135,6 +150,11 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 			}
 			info.broken = true
 			ok = false
+			if rd.priv && !sse {
+				// Its own answer, cut short: the client must see a broken answer, not
+				// a whole one (a chunked body would end cleanly).
+				panic(http.ErrAbortHandler)
+			}
 		}
 	}
 	if ok && (role == singleflight.RoleFollower || role == singleflight.RoleHit) && head.Status/100 == 2 {

@@ -36,14 +36,25 @@ func NewPassthrough(target *url.URL, apiKey string, transport http.RoundTripper)
 		},
 		Transport:     transport,
 		FlushInterval: -1,
+		ModifyResponse: func(res *http.Response) error {
+			if res.StatusCode == http.StatusSwitchingProtocols {
+				upgraded(res.Request.Context()) // a session now: the call's timeout no longer applies
+			}
+			return nil
+		},
 	}
 	p.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
-		clientGone := errors.Is(err, context.Canceled) && r.Context().Err() != nil
+		if bodyTimedOut(r.Context()) {
+			writeBodyTimeout(w)
+			return
+		}
+		timedOut := isTimeout(err) || errors.Is(context.Cause(r.Context()), context.DeadlineExceeded)
+		clientGone := errors.Is(err, context.Canceled) && r.Context().Err() != nil && !timedOut
 		if p.ErrorLog != nil && !clientGone {
-			p.ErrorLog.Printf("upstream %s %s: %v", r.Method, r.URL.Path, err)
+			p.ErrorLog.Printf("upstream %s %s: %v", r.Method, r.URL.Path, redactErr(err))
 		}
 		status, code, msg := http.StatusBadGateway, "upstream_unavailable", "the upstream API could not be reached"
-		if isTimeout(err) {
+		if timedOut {
 			status, code, msg = http.StatusGatewayTimeout, "upstream_timeout", "the upstream API did not answer in time"
 		}
 		writeError(w, status, "upstream_error", code, msg)
@@ -73,19 +84,34 @@ func NewTransport() *http.Transport {
 }
 
 // Timeout returns middleware that ends each request's context after d, the hard limit of one
-// upstream call. Protocol upgrades (WebSocket sessions) are long-lived by design and are not
-// limited. Unlike http.TimeoutHandler it does not buffer the answer, so streams pass through.
+// upstream call. A protocol upgrade that happened (the upstream answered 101: a WebSocket
+// session, such as the Realtime API's) is long-lived by design and is not limited; asking
+// for one does not lift the limit. Unlike http.TimeoutHandler it does not buffer the
+// answer, so streams pass through.
 func Timeout(d time.Duration) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if isUpgrade(r.Header) {
-				next.ServeHTTP(w, r)
+				ctx, cancel := context.WithCancelCause(r.Context())
+				defer cancel(nil)
+				t := time.AfterFunc(d, func() { cancel(context.DeadlineExceeded) })
+				defer t.Stop()
+				next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, upgradeKey{}, t)))
 				return
 			}
 			ctx, cancel := context.WithTimeout(r.Context(), d)
 			defer cancel()
 			next.ServeHTTP(w, r.WithContext(ctx))
 		})
+	}
+}
+
+type upgradeKey struct{}
+
+// upgraded lifts the timeout of ctx's request, set by Timeout, once its upgrade happened.
+func upgraded(ctx context.Context) {
+	if t, ok := ctx.Value(upgradeKey{}).(*time.Timer); ok {
+		t.Stop()
 	}
 }
 

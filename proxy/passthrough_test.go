@@ -233,3 +233,67 @@ func checkError(t *testing.T, res *http.Response, body string, status int, code 
 		t.Errorf("error %+v; want type upstream_error, code %s and a message", e.Error, code)
 	}
 }
+
+// TestUpgradeHeaderKeepsTimeout: asking for an upgrade does not lift the timeout; only an
+// upgrade that happened (101) does. Here the upstream answers no upgrade and too late.
+func TestUpgradeHeaderKeepsTimeout(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second): // a slow call, far past the timeout
+			io.WriteString(w, "late")
+		}
+	}))
+	defer up.Close()
+	target, _ := url.Parse(up.URL)
+	px := httptest.NewServer(Timeout(100 * time.Millisecond)(NewPassthrough(target, "", NewTransport())))
+	defer px.Close()
+
+	req, _ := http.NewRequest("GET", px.URL+"/v1/models", nil)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "websocket")
+	start := time.Now()
+	res, body := do(t, req)
+	checkError(t, res, body, http.StatusGatewayTimeout, "upstream_timeout")
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("answered after %v; want about the 100ms timeout", d)
+	}
+}
+
+// TestUpgradeOutlivesTimeout: a protocol switch that happened (101) is a long-lived
+// session, which the timeout of one call does not end.
+func TestUpgradeOutlivesTimeout(t *testing.T) {
+	const timeout = 100 * time.Millisecond
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		line, _ := brw.ReadString('\n') // echo one line
+		io.WriteString(conn, line)
+	}))
+	defer up.Close()
+	target, _ := url.Parse(up.URL)
+	px := httptest.NewServer(Timeout(timeout)(NewPassthrough(target, "", NewTransport())))
+	defer px.Close()
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(px.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(conn, "GET /v1/realtime HTTP/1.1\r\nHost: proxy\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(conn)
+	res, err := http.ReadResponse(br, nil)
+	if err != nil || res.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("got %v, %v; want 101", res, err)
+	}
+	time.Sleep(3 * timeout) // the session outlives the timeout: that is what is tested
+	io.WriteString(conn, "ping\n")
+	if line, err := br.ReadString('\n'); line != "ping\n" {
+		t.Errorf("echo after the timeout: %q, %v; want \"ping\\n\"", line, err)
+	}
+}

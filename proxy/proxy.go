@@ -48,9 +48,14 @@ type Config struct {
 	// IdleTimeout ends a streamed upstream answer that sends nothing for this long. If
 	// zero, 60s is used.
 	IdleTimeout time.Duration
+	// BodyReadTimeout is the longest wait for the next bytes of a request body. If zero,
+	// 30s is used.
+	BodyReadTimeout time.Duration
 	// MaxBodyBytes bounds a request body. If zero, 10 MiB is used.
 	MaxBodyBytes int64
-	// MaxResponseBytes bounds an upstream answer that is shared. If zero, 64 MiB is used.
+	// MaxResponseBytes bounds an upstream answer that is shared with other requests and
+	// stored; a larger one goes to the client whose request made the call only (see
+	// handoff). It also bounds what a flight of this process holds. If zero, 64 MiB is used.
 	MaxResponseBytes int64
 	// Paths are the POST routes that are deduplicated. If nil, DefaultPaths.
 	Paths []string
@@ -100,6 +105,9 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = 60 * time.Second
 	}
+	if cfg.BodyReadTimeout <= 0 {
+		cfg.BodyReadTimeout = 30 * time.Second
+	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 10 << 20
 	}
@@ -134,8 +142,13 @@ func New(cfg Config) (*Proxy, error) {
 	return p, nil
 }
 
-// ServeHTTP routes a request.
-func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.router.ServeHTTP(w, r) }
+// ServeHTTP routes a request, after guard has refused what no route may see.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	r, ok := p.guard(w, r)
+	if ok {
+		p.router.ServeHTTP(w, r)
+	}
+}
 
 // Drain makes /readyz answer 503, so that a load balancer stops sending new requests while
 // the server finishes the ones it has.

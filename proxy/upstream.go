@@ -56,7 +56,9 @@ func outcomeOf(status int) singleflight.Outcome {
 // The request's headers are read only if it becomes an owner (most requests are followers
 // or hits); nothing writes them after the handler has read the body, and the server does
 // not reuse a Request, so the function may read them after the handler returned.
-func (p *Proxy) ownerFunc(route string, r *http.Request, body []byte, stream bool, st storing) singleflight.Func {
+// st is how the answer may be stored; ho passes an answer too large to share to this
+// client (see handoff).
+func (p *Proxy) ownerFunc(route, key string, r *http.Request, body []byte, stream bool, st storing, ho *handoff) singleflight.Func {
 	in := r.Header
 	target := p.upstreamURL(r.URL.Path, r.URL.RawQuery)
 	method := r.Method
@@ -73,6 +75,7 @@ func (p *Proxy) ownerFunc(route string, r *http.Request, body []byte, stream boo
 		resp, err := p.cfg.Transport.RoundTrip(out)
 		if err != nil {
 			p.cfg.Recorder.Upstream(route, 0, time.Since(start))
+			p.logFailure(route, key, err)
 			return transportFailure(ctx, err), err
 		}
 		defer resp.Body.Close()
@@ -91,22 +94,30 @@ func (p *Proxy) ownerFunc(route string, r *http.Request, body []byte, stream boo
 		if st.noToolCalls && outcome == singleflight.Store {
 			src = tools
 		}
-		var res singleflight.Result
+		var (
+			res   singleflight.Result
+			large bool
+		)
 		if stream && resp.StatusCode/100 == 2 && isSSE(resp.Header) {
-			res, err = p.relay(ctx, cancel, src, w, head, route)
+			res, large, err = p.relay(ctx, cancel, src, w, head, route, ho)
 		} else {
-			res, err = p.readWhole(ctx, cancel, src, head)
+			res, large, err = p.readWhole(ctx, cancel, src, head, ho)
 		}
 		if tools.found {
 			outcome = singleflight.Share
 		}
 		res.TTL = st.ttl
-		// The stricter of the status policy and what reading the body found (Store <
-		// Share < Retry): an incomplete stream is shared but never stored.
-		res.Outcome = max(res.Outcome, outcome)
+		if !large {
+			// The stricter of the status policy and what reading the body found (Store <
+			// Share < Retry): an incomplete stream is shared but never stored. An answer
+			// too large to share is Share whatever its status: calling again would only
+			// make another answer of that size.
+			res.Outcome = max(res.Outcome, outcome)
+		}
 		code := resp.StatusCode
 		if err != nil {
 			code = 0
+			p.logFailure(route, key, err)
 		}
 		p.cfg.Recorder.Upstream(route, code, time.Since(start))
 		return res, err
@@ -130,20 +141,59 @@ func (p *Proxy) forwardHeader(in http.Header) http.Header {
 	return h
 }
 
-// readWhole reads a unary answer, bounded in size; the idle timeout applies between reads.
-func (p *Proxy) readWhole(ctx context.Context, cancel context.CancelCauseFunc, body io.Reader, head singleflight.Head) (singleflight.Result, error) {
-	var buf bytes.Buffer
-	err := p.pump(ctx, cancel, body, func(c []byte) error {
-		if int64(buf.Len()+len(c)) > p.cfg.MaxResponseBytes {
-			return errTooLarge
-		}
-		buf.Write(c)
-		return nil
-	})
-	if err != nil {
-		return transportFailure(ctx, err), err
+// logFailure logs why an upstream call of a flight failed: its waiters get a 502 or 504
+// that does not say (the cause may name internal addresses).
+func (p *Proxy) logFailure(route, key string, err error) {
+	if len(key) > 12 {
+		key = key[:12]
 	}
-	return singleflight.Result{Head: head, Body: buf.Bytes()}, nil
+	p.cfg.Logger.Warn("upstream call failed", "route", route, "key", key, "err", redactErr(err))
+}
+
+// readWhole reads a unary answer; the idle timeout applies between reads. Up to
+// MaxResponseBytes it is the flight's answer; past that it goes to its own client only
+// (large), through ho, and the flight's answer is tooLarge.
+func (p *Proxy) readWhole(ctx context.Context, cancel context.CancelCauseFunc, body io.Reader, head singleflight.Head, ho *handoff) (singleflight.Result, bool, error) {
+	var (
+		buf bytes.Buffer
+		pw  *io.PipeWriter
+	)
+	err := p.pump(ctx, cancel, body, func(c []byte) error {
+		if pw != nil {
+			_, err := pw.Write(c)
+			return err
+		}
+		if int64(buf.Len()+len(c)) <= p.cfg.MaxResponseBytes {
+			buf.Write(c)
+			return nil
+		}
+		var ok bool
+		if pw, ok = ho.take(head, 0); !ok {
+			return errTooLarge // nobody to give it to: stop reading
+		}
+		if _, err := pw.Write(buf.Bytes()); err != nil {
+			return err
+		}
+		buf = bytes.Buffer{}
+		_, err := pw.Write(c)
+		return err
+	})
+	if pw != nil || errors.Is(err, errTooLarge) {
+		if pw != nil {
+			pw.CloseWithError(err) // nil: the client's answer ends here
+		}
+		return p.tooLarge(), true, nil
+	}
+	if err != nil {
+		return transportFailure(ctx, err), false, err
+	}
+	b := buf.Bytes()
+	if cap(b)-len(b) > len(b)/8 {
+		// The buffer grew by doubling: kept for ResultTTL as it is, up to half of it
+		// would be spare capacity that no bound on stored bytes sees.
+		b = bytes.Clone(b)
+	}
+	return singleflight.Result{Head: head, Body: b}, false, nil
 }
 
 // readBuffers are the buffers upstream answers are read with (sinks copy what they keep):
@@ -201,8 +251,6 @@ func transportFailure(ctx context.Context, err error) singleflight.Result {
 		return failure(http.StatusGatewayTimeout, "upstream_idle_timeout", "the upstream API stopped sending")
 	case errors.Is(cause, singleflight.ErrTimeout) || isTimeout(err):
 		return failure(http.StatusGatewayTimeout, "upstream_timeout", "the upstream API did not answer in time")
-	case errors.Is(err, errTooLarge):
-		return failure(http.StatusBadGateway, "upstream_too_large", "the upstream answer is larger than the proxy shares")
 	}
 	return failure(http.StatusBadGateway, "upstream_unavailable", "the upstream API could not be reached")
 }

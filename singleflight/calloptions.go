@@ -64,7 +64,9 @@ func (g *Group) keepFor(key string, head Head, body []byte, age, ttl time.Durati
 	if ttl <= age || g.recentlyPurged(key) {
 		return
 	}
-	g.cache.Add(key, storedResult{head: head, body: body, at: time.Now().Add(-age), ttl: ttl})
+	g.cacheMu.Lock()
+	defer g.cacheMu.Unlock()
+	g.cache.add(key, storedResult{head: head, body: body, at: time.Now().Add(-age), ttl: ttl})
 }
 
 // resultTTL is how long res is stored, if its outcome is Store.

@@ -62,17 +62,17 @@ func (r *remote) degradedFor(key string) bool {
 // degrade marks shard unusable until a probe finds it answering. Group.degraded says
 // whether any shard is down; it, down and probing change together under one lock, so that
 // a failure reported while a probe is ending always leaves a probe running.
-func (r *remote) degrade(shard string) {
+func (r *remote) degrade(shard string, cause error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.down[shard] {
 		return
 	}
 	r.down[shard] = true
-	r.g.observe(Event{Kind: EventShardDown, Op: shard})
+	r.g.observe(Event{Kind: EventShardDown, Op: shard, Err: cause})
 	if !r.g.degraded.Load() {
 		r.g.degraded.Store(true)
-		r.g.observe(Event{Kind: EventDegraded, Op: shard})
+		r.g.observe(Event{Kind: EventDegraded, Op: shard, Err: cause})
 	}
 	if r.probing {
 		return

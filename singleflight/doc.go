@@ -94,8 +94,9 @@
 //   - No thundering herd: local coalescing makes one contender per process, and a contender
 //     waits a random part of TakeoverJitter, then looks again: the first to wake claims,
 //     the rest find a running owner and follow.
-//   - Blocking reads use Options.BlockingRedis, their own pool, so waiting never delays a
-//     heartbeat.
+//   - Waiting costs no command: followers are pushed stream entries over one pub/sub
+//     connection per process (wake.go), and every owned lease is renewed in one batch per
+//     HeartbeatInterval, followed by the owner's alive message (renewer.go).
 //   - Everything expires: meta and stream LeaseTTL+Linger while running and Linger once
 //     done; the result ResultTTL; owner-seq a week (tokens stay unique without it). A
 //     claim trims stream entries older than Linger (IDs are the server's milliseconds),

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -123,6 +122,10 @@ type Options struct {
 	// MemoryMaxEntries bounds the results kept in this process: the result store without
 	// Redis, a first level in front of it with Redis. If zero, 10000 is used.
 	MemoryMaxEntries int
+	// MemoryMaxBytes bounds the same results in bytes (bodies, headers and keys): the least
+	// recently used go first, and a result larger than the bound is not kept in the process.
+	// If zero, 128 MiB is used.
+	MemoryMaxBytes int64
 	// Observer receives the package's events. If nil, they are dropped.
 	Observer Observer
 	// InstanceID names this process in tokens and meta. If empty, a random one is used.
@@ -162,6 +165,9 @@ func (o *Options) setDefaults() {
 	if o.MemoryMaxEntries <= 0 {
 		o.MemoryMaxEntries = 10000
 	}
+	if o.MemoryMaxBytes <= 0 {
+		o.MemoryMaxBytes = 128 << 20
+	}
 	if o.Observer == nil {
 		o.Observer = nopObserver{}
 	}
@@ -174,12 +180,13 @@ func (o *Options) setDefaults() {
 
 // Group coalesces calls by key, in this process and, with Redis, across processes.
 type Group struct {
-	opts   Options
-	ctx    context.Context // ends when the Group is closed
-	stop   context.CancelCauseFunc
-	wg     sync.WaitGroup
-	cache  *lru.Cache[string, storedResult] // stored results in this process; see cached
-	remote *remote                          // Redis mode only
+	opts    Options
+	ctx     context.Context // ends when the Group is closed
+	stop    context.CancelCauseFunc
+	wg      sync.WaitGroup
+	cacheMu sync.Mutex
+	cache   *store  // stored results in this process; see cached
+	remote  *remote // Redis mode only
 
 	mu        sync.Mutex
 	flights   map[string]*flight
@@ -210,12 +217,14 @@ type storedResult struct {
 
 // cached returns key's stored result if it has not expired.
 func (g *Group) cached(key string) (storedResult, bool) {
-	sr, ok := g.cache.Get(key)
+	g.cacheMu.Lock()
+	defer g.cacheMu.Unlock()
+	sr, ok := g.cache.get(key)
 	if !ok {
 		return sr, false
 	}
 	if time.Since(sr.at) >= sr.ttl {
-		g.cache.Remove(key)
+		g.cache.remove(key)
 		return sr, false
 	}
 	return sr, true
@@ -231,11 +240,10 @@ func New(opts Options) *Group {
 	opts.setDefaults()
 	ctx, stop := context.WithCancelCause(context.Background())
 	g := &Group{opts: opts, ctx: ctx, stop: stop, flights: map[string]*flight{}, owned: map[*flight]bool{}, ownedIdle: make(chan struct{})}
-	// A size-bounded LRU whose entries expire when read (see cached): the expirable variant
-	// of the same library runs a cleanup goroutine that can never be stopped. Without Redis
-	// it is the result store; with Redis a first level in front of it, so that a hit costs
-	// no round trip, and hits go on while Redis is down.
-	g.cache, _ = lru.New[string, storedResult](opts.MemoryMaxEntries)
+	// An LRU bounded in entries and bytes whose entries expire when read (see cached), with
+	// no cleanup goroutine. Without Redis it is the result store; with Redis a first level
+	// in front of it, so that a hit costs no round trip, and hits go on while Redis is down.
+	g.cache = newStore(opts.MemoryMaxEntries, opts.MemoryMaxBytes)
 	if opts.Redis != nil {
 		g.remote = newRemote(g)
 	}

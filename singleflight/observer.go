@@ -19,7 +19,7 @@ const (
 	EventFencedWrite                          // a stale owner's write was refused (Op)
 	EventHeartbeatFailed                      // a renewal failed for other reasons than fencing (Err)
 	EventRedisError                           // a Redis command failed (Op, Err)
-	EventDegraded                             // a Redis shard stopped answering: its flights go local-only (Op: the first shard)
+	EventDegraded                             // a Redis shard stopped answering: its flights go local-only (Op: the first shard, Err: the cause)
 	EventRecovered                            // every Redis shard answers again: distributed dedupe everywhere
 	EventFlightStart                          // a local flight started
 	EventFlightEnd                            // a local flight ended

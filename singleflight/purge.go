@@ -181,7 +181,9 @@ func (g *Group) forgetKey(key string) bool {
 	g.inv.purged[key] = now
 	g.inv.mu.Unlock()
 	_, found := g.cached(key)
-	g.cache.Remove(key)
+	g.cacheMu.Lock()
+	g.cache.remove(key)
+	g.cacheMu.Unlock()
 	return found
 }
 
@@ -192,7 +194,9 @@ func (g *Group) forgetAll() {
 	g.inv.epoch++
 	g.inv.gens.Purge()
 	g.inv.mu.Unlock()
-	g.cache.Purge()
+	g.cacheMu.Lock()
+	g.cache.clear()
+	g.cacheMu.Unlock()
 	g.observe(Event{Kind: EventInvalidated, Op: "all"})
 }
 

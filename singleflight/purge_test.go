@@ -148,9 +148,11 @@ func TestMaxAge(t *testing.T) {
 			key := uniqueKey()
 			storeOne(t, g, key, "old")
 			// Age the stored answer by two seconds, in memory and in Redis.
-			sr, _ := g.cache.Get(key)
+			g.cacheMu.Lock()
+			sr, _ := g.cache.get(key)
 			sr.at = sr.at.Add(-2 * time.Second)
-			g.cache.Add(key, sr)
+			g.cache.add(key, sr)
+			g.cacheMu.Unlock()
 			if b.redis != nil {
 				k := g.remote.keys(key)
 				at, _ := b.redis.Client().HGet(context.Background(), k.result, "at").Int64()
@@ -231,7 +233,7 @@ func TestResultTTLPerAnswer(t *testing.T) {
 				if o := doAll(t, g2, key, 1, fn)(); o[0].role != RoleHit {
 					t.Fatalf("other instance: %v", o[0].role)
 				}
-				if sr, ok := g2.cache.Get(key); !ok || sr.ttl > time.Minute+50*time.Millisecond {
+				if sr, ok := g2.cached(key); !ok || sr.ttl > time.Minute+50*time.Millisecond {
 					t.Fatalf("kept in memory: %v ttl %v; want at most 1m", ok, sr.ttl)
 				}
 			}

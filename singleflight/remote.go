@@ -211,13 +211,16 @@ func (r *remote) redisErr(op, key string, err error) error {
 	}
 	r.g.observe(Event{Kind: EventRedisError, Op: op, Err: err})
 	if unavailable(err) {
-		r.degrade(r.shard(key))
+		r.degrade(r.shard(key), err)
 		r.reloadLayout()
 	}
 	return err
 }
 
 // unavailable tells errors of an unreachable or unusable server from replies to a command.
+// Authentication and permission errors (a wrong or missing password, an ACL user that may
+// not run the scripts) make Redis as unusable as a network error, for every command, until
+// the configuration is fixed; so do TLS errors (not redis.Error: they fall through).
 func unavailable(err error) bool {
 	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
 		return false // this process is busy, Redis is not down: only that flight goes local
@@ -225,7 +228,7 @@ func unavailable(err error) bool {
 	var re redis.Error
 	if errors.As(err, &re) {
 		msg := re.Error()
-		for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY"} {
+		for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY", "NOAUTH", "WRONGPASS", "NOPERM"} {
 			if strings.HasPrefix(msg, p) {
 				return true
 			}

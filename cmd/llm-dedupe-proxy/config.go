@@ -40,6 +40,7 @@ type RedisConfig struct {
 	Password    string        `mapstructure:"password" secret:"true"`
 	DB          int           `mapstructure:"db"`
 	TLS         bool          `mapstructure:"tls"`
+	TLSCAFile   string        `mapstructure:"tls_ca_file"` // PEM CA certificates to trust instead of the system's
 	KeyPrefix   string        `mapstructure:"key_prefix"`
 	DialTimeout time.Duration `mapstructure:"dial_timeout"`
 	ReadTimeout time.Duration `mapstructure:"read_timeout"`
@@ -58,11 +59,15 @@ type FlightConfig struct {
 	StreamBatchBytes  int           `mapstructure:"stream_batch_bytes"`
 	StreamMaxLen      int64         `mapstructure:"stream_maxlen"`
 	MemoryMaxEntries  int           `mapstructure:"memory_max_entries"` // answers kept in this process
+	MemoryMaxBytes    int64         `mapstructure:"memory_max_bytes"`   // and their bytes
 }
 
-// LimitsConfig bounds what a client may send.
+// LimitsConfig bounds what a client may send, how long it may take to send it, and what
+// the proxy shares of an answer.
 type LimitsConfig struct {
-	MaxBodyBytes int64 `mapstructure:"max_body_bytes"`
+	MaxBodyBytes     int64         `mapstructure:"max_body_bytes"`
+	BodyReadTimeout  time.Duration `mapstructure:"body_read_timeout"`  // longest wait between two reads of a request body
+	MaxResponseBytes int64         `mapstructure:"max_response_bytes"` // largest answer shared and stored
 }
 
 // HashingConfig is how a request key is made; Scope is in the form hashing.ParseScope reads.
@@ -123,8 +128,9 @@ func defaultConfig() Config {
 			StreamBatchBytes:  16 << 10,
 			StreamMaxLen:      10000,
 			MemoryMaxEntries:  10000,
+			MemoryMaxBytes:    128 << 20,
 		},
-		Limits:  LimitsConfig{MaxBodyBytes: 10 << 20},
+		Limits:  LimitsConfig{MaxBodyBytes: 10 << 20, BodyReadTimeout: 30 * time.Second, MaxResponseBytes: 64 << 20},
 		Hashing: HashingConfig{Scope: "credential", IgnoreFields: []string{"user"}},
 		Dedupe: DedupeConfig{Paths: []string{
 			"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",

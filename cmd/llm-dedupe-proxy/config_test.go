@@ -22,15 +22,15 @@ func altConfig() Config {
 		Redis: RedisConfig{
 			Addrs: []string{"r1:6379", "r2:6380"}, MasterName: "mymaster", Username: "u", Password: "p",
 			DB: 2, TLS: true, KeyPrefix: "x:flight", DialTimeout: 2 * time.Second,
-			ReadTimeout: 3 * time.Second, PoolSize: 50,
+			ReadTimeout: 3 * time.Second, PoolSize: 50, TLSCAFile: "/etc/ssl/private-ca.pem",
 		},
 		Flight: FlightConfig{
 			HeartbeatInterval: 2 * time.Second, LeaseTTL: 6 * time.Second,
 			TakeoverJitter: 100 * time.Millisecond, MaxAttempts: 5, ResultTTL: time.Hour,
 			Linger: 10 * time.Second, StreamBatchDelay: 10 * time.Millisecond,
-			StreamBatchBytes: 1024, StreamMaxLen: 500, MemoryMaxEntries: 50,
+			StreamBatchBytes: 1024, StreamMaxLen: 500, MemoryMaxEntries: 50, MemoryMaxBytes: 1 << 20,
 		},
-		Limits:          LimitsConfig{MaxBodyBytes: 1 << 20},
+		Limits:          LimitsConfig{MaxBodyBytes: 1 << 20, BodyReadTimeout: 5 * time.Second, MaxResponseBytes: 8 << 20},
 		Hashing:         HashingConfig{Scope: "header:X-Tenant", IgnoreFields: []string{"user", "metadata"}},
 		Dedupe:          DedupeConfig{Paths: []string{"/v1/chat/completions"}},
 		Store:           StoreConfig{Rules: []string{"/v1/embeddings * 24h", "* gpt-4o* 0"}, ToolCalls: false},
@@ -201,6 +201,13 @@ func TestInvalidConfig(t *testing.T) {
 		{"empty key prefix", nil, []string{"--redis.key_prefix="}, []string{"redis.key_prefix"}},
 		{"unknown file key", nil, []string{"--config", unknown}, []string{"upstream.base_uri"}},
 		{"missing file", nil, []string{"--config", "/nonexistent/c.yaml"}, []string{"--config"}},
+		{"dedupe path shadows /metrics", nil, []string{"--dedupe.paths=/v1/chat/completions,/metrics"}, []string{"dedupe.paths"}},
+		{"dedupe path shadows /readyz", nil, []string{"--dedupe.paths=/readyz"}, []string{"dedupe.paths"}},
+		{"dedupe path pattern", nil, []string{"--dedupe.paths=/v1/*"}, []string{"dedupe.paths"}},
+		{"CA file without TLS", nil, []string{"--redis.tls_ca_file=/etc/ssl/ca.pem"}, []string{"redis.tls_ca_file"}},
+		{"zero body read timeout", nil, []string{"--limits.body_read_timeout=0s"}, []string{"limits.body_read_timeout"}},
+		{"zero response bytes", nil, []string{"--limits.max_response_bytes=0"}, []string{"limits.max_response_bytes"}},
+		{"zero memory bytes", nil, []string{"--flight.memory_max_bytes=0"}, []string{"flight.memory_max_bytes"}},
 		{"several at once", map[string]string{"LLM_DEDUPE_LOG_FORMAT": "xml", "LLM_DEDUPE_REDIS_DB": "-1"},
 			[]string{"--log.level=loud", "--dedupe.paths=v1/chat", "--listen="},
 			[]string{"log.format", "redis.db", "log.level", "dedupe.paths", "listen"}},
@@ -251,5 +258,38 @@ func TestPrintConfigRedactsSecrets(t *testing.T) {
 	}
 	if got := get(printed(t, nil), "redis.password"); got != "" {
 		t.Errorf("unset redis.password printed as %v; want \"\"", got)
+	}
+}
+
+// TestPrintConfigRedactsBaseURL: a password in upstream.base_url, or a secret in its query
+// (Azure-style api-key, a signature), is redacted where the configuration is printed or
+// logged; what is not secret (the host, the path, api-version) stays readable.
+func TestPrintConfigRedactsBaseURL(t *testing.T) {
+	base := "https://alice:pa55word@gw.test/openai?api-version=2024-06-01&api-key=k3y-secret&sig=s1gnature"
+	r := runCmd(t, nil, "", "serve", "--print-config", "--upstream.base_url="+base)
+	if r.code != 0 {
+		t.Fatalf("status %d: %s", r.code, r.stderr)
+	}
+	for _, secret := range []string{"pa55word", "k3y-secret", "s1gnature"} {
+		if strings.Contains(r.stdout, secret) {
+			t.Errorf("--print-config shows %q:\n%s", secret, r.stdout)
+		}
+	}
+	for _, kept := range []string{"alice", "gw.test/openai", "api-version=2024-06-01"} {
+		if !strings.Contains(r.stdout, kept) {
+			t.Errorf("--print-config lost %q:\n%s", kept, r.stdout)
+		}
+	}
+}
+
+func TestUnknownEnv(t *testing.T) {
+	env := []string{
+		"LLM_DEDUPE_UPSTREAM_BASE_URL=http://x", "LLM_DEDUPE_CONFIG=/c.yaml", "PATH=/bin",
+		"LLM_DEDUPE_UPSTREAM_BASEURL=http://typo", "LLM_DEDUPE_REDIS_PASSWORD=p", "LLM_DEDUPE_LIMITS_MAX_BODY=1",
+	}
+	got := unknownEnv(env)
+	want := []string{"LLM_DEDUPE_UPSTREAM_BASEURL", "LLM_DEDUPE_LIMITS_MAX_BODY"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("unknownEnv = %q; want %q", got, want)
 	}
 }

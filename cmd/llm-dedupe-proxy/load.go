@@ -155,6 +155,24 @@ func (cf *configFlags) load(getenv func(string) (string, bool)) (Config, error) 
 	return cfg, errors.Join(errs...)
 }
 
+// unknownEnv returns the names of environment variables (NAME=value) that start with
+// LLM_DEDUPE_ but name no key: a misspelt variable would otherwise be ignored in silence.
+func unknownEnv(environ []string) []string {
+	def := defaultConfig()
+	known := map[string]bool{envPrefix + "CONFIG": true}
+	for _, s := range settings(&def) {
+		known[s.env()] = true
+	}
+	var out []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, envPrefix) && !known[name] {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 var durationType = reflect.TypeFor[time.Duration]()
 
 // decodeHook reads durations in Go syntax ("1m30s"; a bare 0 is allowed, other bare numbers

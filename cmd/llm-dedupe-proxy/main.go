@@ -54,16 +54,17 @@ func main() {
 
 // app is what one run of the binary reads and writes; tests fill it with buffers and a map.
 type app struct {
-	getenv func(string) (string, bool)
-	stdin  io.Reader
-	stdout io.Writer
-	stderr io.Writer
+	getenv  func(string) (string, bool)
+	environ func() []string // NAME=value of every variable, to warn of unknown LLM_DEDUPE_ ones
+	stdin   io.Reader
+	stdout  io.Writer
+	stderr  io.Writer
 }
 
 // run runs the command in args and returns the exit status. serve stops when ctx ends.
 func run(ctx context.Context, args []string, getenv func(string) (string, bool),
 	stdin io.Reader, stdout, stderr io.Writer) int {
-	a := &app{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
+	a := &app{getenv: getenv, environ: os.Environ, stdin: stdin, stdout: stdout, stderr: stderr}
 	cmd, rest := "serve", args
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, rest = args[0], args[1:]

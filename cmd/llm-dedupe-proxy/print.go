@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 )
 
 // formatValue writes a value as a user would: durations in their shortest Go syntax.
@@ -57,6 +59,9 @@ func printConfig(w io.Writer, cfg Config) error {
 		}
 		if s.secret && x != "" {
 			x = "<redacted>"
+		}
+		if s.key == "upstream.base_url" {
+			x = proxy.RedactURL(x.(string))
 		}
 		val := &yaml.Node{}
 		if err := val.Encode(x); err != nil {

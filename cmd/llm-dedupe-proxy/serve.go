@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 )
 
 // serve runs the HTTP server until ctx ends, then shuts it down gracefully: requests in
@@ -32,6 +34,9 @@ func (a *app) serve(ctx context.Context, args []string) int {
 	}
 
 	logger := newLogger(a.stderr, cfg.Log)
+	for _, name := range unknownEnv(a.environ()) {
+		logger.Warn("unknown environment variable ignored: it names no configuration key", "name", name)
+	}
 	defer startPprof(a, logger)()
 	wired, err := wire(cfg, logger)
 	if err != nil {
@@ -61,7 +66,7 @@ func (a *app) serve(ctx context.Context, args []string) int {
 	defer stopAdmin()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	logger.Info("listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream.BaseURL, "version", version)
+	logger.Info("listening", "addr", ln.Addr().String(), "upstream", proxy.RedactURL(cfg.Upstream.BaseURL), "version", version)
 
 	code := 0
 	select {

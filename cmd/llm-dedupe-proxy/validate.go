@@ -88,6 +88,9 @@ func validate(cfg Config) error {
 	c.positive("redis.dial_timeout", r.DialTimeout)
 	c.positive("redis.read_timeout", r.ReadTimeout)
 	c.atLeast("redis.pool_size", int64(r.PoolSize), 0)
+	if r.TLSCAFile != "" && !r.TLS {
+		c.fail("redis.tls_ca_file", "needs redis.tls: true")
+	}
 
 	f := cfg.Flight
 	c.positive("flight.heartbeat_interval", f.HeartbeatInterval)
@@ -110,8 +113,11 @@ func validate(cfg Config) error {
 	c.atLeast("flight.stream_batch_bytes", int64(f.StreamBatchBytes), 1)
 	c.atLeast("flight.stream_maxlen", f.StreamMaxLen, 1)
 	c.atLeast("flight.memory_max_entries", int64(f.MemoryMaxEntries), 1)
+	c.atLeast("flight.memory_max_bytes", f.MemoryMaxBytes, 1)
 
 	c.atLeast("limits.max_body_bytes", cfg.Limits.MaxBodyBytes, 1)
+	c.positive("limits.body_read_timeout", cfg.Limits.BodyReadTimeout)
+	c.atLeast("limits.max_response_bytes", cfg.Limits.MaxResponseBytes, 1)
 
 	if _, err := hashing.ParseScope(cfg.Hashing.Scope); err != nil {
 		c.fail("hashing.scope", "must be credential, header:NAME or global, got %q", cfg.Hashing.Scope)
@@ -122,8 +128,13 @@ func validate(cfg Config) error {
 		}
 	}
 	for _, p := range cfg.Dedupe.Paths {
-		if !strings.HasPrefix(p, "/") {
+		switch {
+		case !strings.HasPrefix(p, "/"):
 			c.fail("dedupe.paths", "each path must start with \"/\", got %q", p)
+		case p == "/metrics" || p == "/healthz" || p == "/readyz":
+			c.fail("dedupe.paths", "%s is the proxy's own endpoint; a route there would shadow it", p)
+		case strings.ContainsAny(p, "{}*"):
+			c.fail("dedupe.paths", "each path must be a literal path, not a pattern, got %q", p)
 		}
 	}
 

@@ -3,11 +3,14 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -70,31 +73,38 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		StreamMaxLen:      int(cfg.Flight.StreamMaxLen),
 		MemoryMaxEntries:  cfg.Flight.MemoryMaxEntries,
 		MaxResultTTL:      maxTTL,
+		MemoryMaxBytes:    cfg.Flight.MemoryMaxBytes,
 		Observer:          &logObserver{next: m, log: logger},
 	}
 	var clients []redis.UniversalClient
 	if len(cfg.Redis.Addrs) > 0 {
 		redis.SetLogger(redisLogger{logger})
-		opts.Redis = newRedis(cfg.Redis)
+		tlsCfg, err := redisTLS(cfg.Redis)
+		if err != nil {
+			return nil, err
+		}
+		opts.Redis = newRedis(cfg.Redis, tlsCfg)
 		clients = append(clients, opts.Redis)
 	}
 	group := singleflight.New(opts)
 
 	transport := proxy.NewTransport()
 	p, err := proxy.New(proxy.Config{
-		Upstream:     target,
-		APIKey:       cfg.Upstream.APIKey,
-		Transport:    transport,
-		Timeout:      cfg.Upstream.Timeout,
-		IdleTimeout:  cfg.Upstream.IdleTimeout,
-		MaxBodyBytes: cfg.Limits.MaxBodyBytes,
-		Paths:        cfg.Dedupe.Paths,
-		Flights:      group,
-		Hasher:       hashing.New(hashing.Options{Scope: scope, IgnoreFields: cfg.Hashing.IgnoreFields}),
-		Recorder:     m,
-		Metrics:      promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
-		Logger:       logger,
-		StoreRules:   rules,
+		Upstream:         target,
+		APIKey:           cfg.Upstream.APIKey,
+		Transport:        transport,
+		Timeout:          cfg.Upstream.Timeout,
+		IdleTimeout:      cfg.Upstream.IdleTimeout,
+		MaxBodyBytes:     cfg.Limits.MaxBodyBytes,
+		BodyReadTimeout:  cfg.Limits.BodyReadTimeout,
+		MaxResponseBytes: cfg.Limits.MaxResponseBytes,
+		Paths:            cfg.Dedupe.Paths,
+		Flights:          group,
+		Hasher:           hashing.New(hashing.Options{Scope: scope, IgnoreFields: cfg.Hashing.IgnoreFields}),
+		Recorder:         m,
+		Metrics:          promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
+		Logger:           logger,
+		StoreRules:       rules,
 		// Stored by default: see docs/decisions.md.
 		NoStoreToolCalls: !cfg.Store.ToolCalls,
 	})
@@ -108,6 +118,13 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		}
 	}
 	logger.Info("backend", "kind", group.Backend(), "redis", cfg.Redis.Addrs)
+	if len(clients) > 0 {
+		// A refused password or certificate shows now, as degraded, not at the first
+		// request; an unreachable Redis is no reason not to start (fail open).
+		ctx, cancel := context.WithTimeout(context.Background(), 2*cfg.Redis.DialTimeout+cfg.Redis.ReadTimeout)
+		_ = group.Check(ctx)
+		cancel()
+	}
 	return &wiring{
 		handler: p,
 		admin:   admin,
@@ -132,7 +149,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 // newRedis returns a client for standalone (one address), Sentinel (master_name set) or
 // Cluster (several addresses). Followers wait on one pub/sub connection it opens besides
 // its pool, however many flights they wait for.
-func newRedis(c RedisConfig) redis.UniversalClient {
+func newRedis(c RedisConfig, tlsCfg *tls.Config) redis.UniversalClient {
 	o := &redis.UniversalOptions{
 		Addrs:        c.Addrs,
 		MasterName:   c.MasterName,
@@ -148,10 +165,29 @@ func newRedis(c RedisConfig) redis.UniversalClient {
 		// requests after Redis died wait over a second before the instance degraded.
 		DialerRetries: 1,
 	}
-	if c.TLS {
-		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
+	o.TLSConfig = tlsCfg
 	return redis.NewUniversalClient(o)
+}
+
+// redisTLS is the TLS configuration of the Redis clients: nil without redis.tls; the
+// system's roots, or the CA certificates of redis.tls_ca_file for a private CA.
+func redisTLS(c RedisConfig) (*tls.Config, error) {
+	if !c.TLS {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.TLSCAFile == "" {
+		return cfg, nil
+	}
+	pem, err := os.ReadFile(c.TLSCAFile)
+	if err != nil {
+		return nil, &configError{Key: "redis.tls_ca_file", Rule: err.Error()}
+	}
+	cfg.RootCAs = x509.NewCertPool()
+	if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+		return nil, &configError{Key: "redis.tls_ca_file", Rule: "no PEM certificate in " + c.TLSCAFile}
+	}
+	return cfg, nil
 }
 
 // logObserver logs what an operator should see, and passes every event on to metrics.
@@ -164,10 +200,14 @@ func (o *logObserver) Observe(e singleflight.Event) {
 	o.next.Observe(e)
 	switch e.Kind {
 	case singleflight.EventShardDown:
+		msg, level := degradedMessage(e.Err)
 		if e.Op == "" {
-			o.log.Warn("redis unavailable: serving with local-only dedupe until it answers")
+			o.log.Log(context.Background(), level, msg, "err", e.Err)
 		} else {
-			o.log.Warn("redis cluster shard unavailable: its keys get local-only dedupe until it answers or fails over", "shard", e.Op)
+			if level < slog.LevelError {
+				msg = "redis cluster shard unavailable: its keys get local-only dedupe until it answers or fails over"
+			}
+			o.log.Log(context.Background(), level, msg, "shard", e.Op, "err", e.Err)
 		}
 	case singleflight.EventShardUp:
 		if e.Op != "" {
@@ -184,6 +224,36 @@ func (o *logObserver) Observe(e singleflight.Event) {
 	case singleflight.EventRedisError:
 		o.log.Debug("redis error", "op", e.Op, "err", e.Err)
 	}
+}
+
+// degradedMessage says why Redis cannot be used, and how loud: a refused password or an
+// untrusted certificate is a configuration to fix, not an outage to wait out.
+func degradedMessage(err error) (string, slog.Level) {
+	const local = "; serving with local-only dedupe"
+	var re redis.Error
+	if errors.As(err, &re) {
+		msg := re.Error()
+		switch {
+		case strings.HasPrefix(msg, "NOAUTH"), strings.HasPrefix(msg, "WRONGPASS"):
+			return "redis authentication failed: check redis.username and redis.password" + local, slog.LevelError
+		case strings.HasPrefix(msg, "NOPERM"):
+			return "redis refused a command: the ACL user lacks a permission the proxy needs" + local, slog.LevelError
+		}
+	}
+	var (
+		unknownCA *x509.UnknownAuthorityError
+		hostname  x509.HostnameError
+		invalid   x509.CertificateInvalidError
+		verify    *tls.CertificateVerificationError
+		record    tls.RecordHeaderError
+	)
+	switch {
+	case errors.As(err, &unknownCA), errors.As(err, &hostname), errors.As(err, &invalid), errors.As(err, &verify):
+		return "redis TLS certificate not trusted: check redis.tls_ca_file and the server's certificate" + local, slog.LevelError
+	case errors.As(err, &record):
+		return "redis TLS handshake failed: does the server speak TLS? check redis.tls" + local, slog.LevelError
+	}
+	return "redis unavailable: serving with local-only dedupe until it answers", slog.LevelWarn
 }
 
 func short(key string) string {

@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"context"
+	"github.com/redis/go-redis/v9"
 	"testing"
 	"time"
 )
@@ -20,7 +21,8 @@ func TestCluster(t *testing.T) {
 	ctx := context.Background()
 	cl := c.Client()
 	const key = "redistest:{k}"
-	if err := cl.Set(ctx, key, "v", 0).Err(); err != nil {
+	mc, err := cl.MasterForKey(ctx, key)
+	if err != nil {
 		t.Fatal(err)
 	}
 	m, err := c.MasterOf(key)
@@ -28,8 +30,17 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The write must have reached the replica before its master dies, or the promoted
-	// replica may not have it (replication is asynchronous).
-	if n, err := cl.Do(ctx, "WAIT", 1, 2000).Int(); err != nil || n != 1 {
+	// replica may not have it (replication is asynchronous). WAIT counts the writes of its
+	// own connection: both go to the key's master in one pipeline, on one connection.
+	var wait *redis.Cmd
+	if _, err := mc.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, key, "v", 0)
+		wait = p.Do(ctx, "WAIT", 1, 2000)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := wait.Int(); err != nil || n != 1 {
 		t.Fatalf("WAIT 1: %d replicas, %v; want 1", n, err)
 	}
 	c.Kill(m)

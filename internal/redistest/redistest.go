@@ -25,6 +25,7 @@ type Server struct {
 	dir     string
 	persist bool
 	args    []string // more redis-server arguments, such as a cluster node's
+	pass    string
 	cmd     *exec.Cmd
 	exited  chan struct{}
 }
@@ -35,6 +36,8 @@ type Options struct {
 	Persist bool
 	// Args are more redis-server arguments, such as "--maxclients", "100".
 	Args []string
+	// Password, if set, is required of clients (requirepass); Client uses it.
+	Password string
 }
 
 // Start runs a redis-server for the test and stops it in t.Cleanup. There is no skipping:
@@ -48,8 +51,8 @@ func Start(t testing.TB, opts ...Options) *Server {
 	_ = bin
 	s := &Server{t: t, dir: t.TempDir()}
 	if len(opts) > 0 {
-		s.persist = opts[0].Persist
-		s.args = opts[0].Args
+		s.persist, s.pass = opts[0].Persist, opts[0].Password
+		s.args = append(s.args, opts[0].Args...)
 	}
 	for i := 0; ; i++ {
 		s.port = freePort(t)
@@ -82,6 +85,9 @@ func (s *Server) start() error {
 		"--save", "", "--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning",
 		"--logfile", filepath.Join(s.dir, "redis.log"),
 	}
+	if s.pass != "" {
+		args = append(args, "--requirepass", s.pass)
+	}
 	if s.persist {
 		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
 	} else {
@@ -104,7 +110,7 @@ func (s *Server) start() error {
 			return fmt.Errorf("exited at start: %s", log)
 		default:
 		}
-		c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+		c := redis.NewClient(&redis.Options{Addr: s.Addr, Password: s.pass, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 		err := c.Ping(context.Background()).Err()
 		c.Close()
 		if err == nil {
@@ -118,7 +124,7 @@ func (s *Server) start() error {
 
 // Client returns a client of the server, closed in t.Cleanup.
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, MaxRetries: 1})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, Password: s.pass, DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, MaxRetries: 1})
 	s.t.Cleanup(func() { c.Close() })
 	return c
 }

@@ -1,0 +1,98 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// errBodyTimeout is what reading a request body returns when the client sent nothing for
+// BodyReadTimeout.
+var errBodyTimeout = errors.New("proxy: the client sent no request body bytes for body_read_timeout")
+
+// guard refuses what no route may see, before routing: CONNECT (this is a reverse proxy
+// of one API, not a tunnel) and paths with dot segments, which the upstream or a gateway
+// in front of it would resolve outside the base URL's prefix. It bounds the wait between
+// two reads of a request body, like nginx's client_body_timeout: only a header timeout is
+// set on the server, so a client that stops mid-body would hold its connection forever.
+func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+	if r.Method == http.MethodConnect {
+		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
+			"CONNECT is not supported: this is a reverse proxy of an OpenAI-compatible API")
+		return r, false
+	}
+	if hasDotSegment(r.URL.Path) {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_path",
+			"the request path has \".\" or \"..\" segments, plain or percent-encoded")
+		return r, false
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		return r, true
+	}
+	b := &timedBody{body: r.Body, rc: http.NewResponseController(w), d: p.cfg.BodyReadTimeout}
+	r = r.WithContext(context.WithValue(r.Context(), bodyKey{}, b))
+	r.Body = b
+	return r, true
+}
+
+// hasDotSegment reports whether path (decoded: %2e%2e and %2f are already "." and "/")
+// has a "." or ".." segment, with "\" also taken as a separator, as some servers do.
+func hasDotSegment(path string) bool {
+	for _, seg := range strings.FieldsFunc(path, func(c rune) bool { return c == '/' || c == '\\' }) {
+		if seg == "." || seg == ".." {
+			return true
+		}
+	}
+	return false
+}
+
+type bodyKey struct{}
+
+// timedBody is a request body whose every read must bring bytes within d. The deadline is
+// set on the connection before each read and lifted at the body's end, so that it never
+// applies to anything but the body (the server's own check for a closed connection, or
+// a streamed answer, would otherwise be cut off).
+type timedBody struct {
+	body     io.ReadCloser
+	rc       *http.ResponseController
+	d        time.Duration
+	ended    bool
+	timedOut atomic.Bool
+}
+
+func (b *timedBody) Read(p []byte) (int, error) {
+	if b.ended {
+		return b.body.Read(p)
+	}
+	_ = b.rc.SetReadDeadline(time.Now().Add(b.d))
+	n, err := b.body.Read(p)
+	if err != nil {
+		b.ended = true
+		_ = b.rc.SetReadDeadline(time.Time{}) // the server lifts it too, when it sees the end
+		if isTimeout(err) {
+			b.timedOut.Store(true)
+			err = errors.Join(errBodyTimeout, err)
+		}
+	}
+	return n, err
+}
+
+func (b *timedBody) Close() error { return b.body.Close() }
+
+// bodyTimedOut reports whether the request body of ctx's request stopped coming.
+func bodyTimedOut(ctx context.Context) bool {
+	b, ok := ctx.Value(bodyKey{}).(*timedBody)
+	return ok && b.timedOut.Load()
+}
+
+// writeBodyTimeout answers a request whose body stopped coming.
+func writeBodyTimeout(w http.ResponseWriter) {
+	w.Header().Set("Connection", "close")
+	writeError(w, http.StatusRequestTimeout, "invalid_request_error", "request_body_timeout",
+		"the request body stopped coming: nothing arrived for the body read timeout")
+}

@@ -1,0 +1,133 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
+)
+
+// An answer larger than MaxResponseBytes is not shared: the flight's log, the stored
+// transcript and a Redis stream would hold it all. The client whose request made the call
+// still gets it whole: past the limit, the owner function hands the rest of the upstream
+// body to that client's handler through a pipe, outside the flight, and reads the
+// upstream at the speed that client reads. The flight itself ends with an error for
+// everyone else (Outcome Share: told at once, never retried, never stored): a unary
+// answer's waiters get 502 upstream_too_large, a stream's get what was shared so far and
+// an SSE error event. No new outcome is needed in package singleflight.
+
+// errClientGone ends a handoff whose client stopped reading.
+var errClientGone = errors.New("proxy: the client of the call left")
+
+// handoff passes an answer too large to share from an owner function to the handler of the
+// client whose request it was made with. The handler makes it before Do and closes it when
+// it returns; the owner function takes it at most once.
+type handoff struct {
+	mu     sync.Mutex
+	closed bool // the handler reads no more
+	taken  bool
+	cancel context.CancelFunc // wakes the handler from its wait on the flight
+	shared int64              // bytes the handler reads from the flight before the pipe
+	head   singleflight.Head
+	pr     *io.PipeReader
+}
+
+func newHandoff(cancel context.CancelFunc) *handoff { return &handoff{cancel: cancel} }
+
+// take hands the rest of the answer over: the client has been given, or will be given,
+// shared bytes of it from the flight, and reads the rest from the returned writer. false
+// when its handler reads no more (its client left, or it was already answered).
+func (h *handoff) take(head singleflight.Head, shared int64) (*io.PipeWriter, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed || h.taken {
+		return nil, false
+	}
+	pr, pw := io.Pipe()
+	h.taken, h.head, h.shared, h.pr = true, head, shared, pr
+	h.cancel()
+	return pw, true
+}
+
+// isTaken reports whether the owner function handed the answer over.
+func (h *handoff) isTaken() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.taken
+}
+
+// close says the handler reads no more; an owner function writing to the pipe stops.
+func (h *handoff) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	if h.pr != nil {
+		h.pr.CloseWithError(errClientGone)
+	}
+}
+
+// source is what a handler reads its answer from: the flight, and after a handoff the
+// pipe.
+type source struct {
+	rd   *singleflight.Reader
+	fctx context.Context // for reads of the flight: ends at a handoff too
+	ho   *handoff
+	got  int64 // bytes read from the flight
+	priv bool  // reading the pipe
+	buf  []byte
+}
+
+// next returns the next chunk of the answer, or io.EOF after the last.
+func (s *source) next(ctx context.Context) ([]byte, error) {
+	if !s.priv {
+		c, err := s.rd.Next(s.fctx)
+		if ctx.Err() != nil || !s.ho.isTaken() || (err == nil && s.got+int64(len(c)) <= s.ho.shared) {
+			s.got += int64(len(c))
+			return c, err
+		}
+		s.priv = true // what the flight holds next is for the others
+		s.buf = make([]byte, 32<<10)
+	}
+	n, err := s.ho.pr.Read(s.buf)
+	if n > 0 {
+		return s.buf[:n], nil
+	}
+	return nil, err
+}
+
+// head and role of the answer being read: the flight's, or the handoff's when nothing of
+// it came from the flight.
+func (s *source) head() singleflight.Head {
+	if s.priv && s.got == 0 {
+		return s.ho.head
+	}
+	return s.rd.Head()
+}
+
+func (s *source) role() singleflight.Role {
+	if s.priv && s.got == 0 {
+		return singleflight.RoleOwner
+	}
+	return s.rd.Role()
+}
+
+// tooLargeMessage explains to the requests waiting with the owner's why they get no answer.
+func (p *Proxy) tooLargeMessage() string {
+	return "the upstream answer is larger than " + strconv.FormatInt(p.cfg.MaxResponseBytes, 10) +
+		" bytes, the most the proxy shares; it went to the request that made the call only. " +
+		"Send the request again with the header X-Dedupe-Bypass: 1 to get it"
+}
+
+// tooLarge is the outcome of a flight whose answer is too large to share: an error for
+// every other waiter, shared at once, never retried.
+func (p *Proxy) tooLarge() singleflight.Result {
+	return singleflight.Result{
+		Head:    singleflight.Head{Status: http.StatusBadGateway, Header: map[string][]string{"Content-Type": {"application/json"}}},
+		Body:    append(errorJSON("upstream_error", "upstream_too_large", p.tooLargeMessage()), '\n'),
+		Outcome: singleflight.Share,
+	}
+}

@@ -1,0 +1,199 @@
+package proxy_test
+
+import (
+	"bufio"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
+)
+
+// rawRequest writes raw (a request in HTTP/1.1 wire form, possibly incomplete) to the
+// server at base and returns the response, waiting at most wait for it. The connection
+// stays open until the server answers or closes it: what a stalled client does.
+func rawRequest(t *testing.T, base, raw string, wait time.Duration) (*http.Response, string, error) {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, raw); err != nil {
+		t.Fatal(err)
+	}
+	conn.SetReadDeadline(time.Now().Add(wait))
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return nil, "", err
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res, string(b), nil
+}
+
+// TestStalledBodyIsCutOff: a client that sends the headers and part of a body, then
+// stops, is answered 408 once proxy.Config.BodyReadTimeout passes without a read, on a
+// deduplicated route and on a passed-through one; it does not hold the connection.
+func TestStalledBodyIsCutOff(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{proxy: func(c *proxy.Config) { c.BodyReadTimeout = 200 * time.Millisecond }})
+	for _, path := range []string{"/v1/chat/completions", "/v1/files"} {
+		t.Run(path, func(t *testing.T) {
+			start := time.Now()
+			res, body, err := rawRequest(t, in.URL, "POST "+path+" HTTP/1.1\r\nHost: proxy\r\n"+
+				"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":", 5*time.Second)
+			if err != nil {
+				t.Fatalf("no answer within 5s of a stalled body (BodyReadTimeout 200ms): %v", err)
+			}
+			if res.StatusCode != http.StatusRequestTimeout || !strings.Contains(body, `"code":"request_body_timeout"`) {
+				t.Errorf("got %d %s; want 408 with code request_body_timeout", res.StatusCode, body)
+			}
+			if d := time.Since(start); d > 3*time.Second {
+				t.Errorf("answered after %v; want about the body read timeout", d)
+			}
+			// A passed-through body streams to the upstream as it comes; a deduplicated
+			// one is read whole first, so a body that never came is never sent.
+			if path == "/v1/chat/completions" && up.Calls() != 0 {
+				t.Errorf("%d upstream calls; want 0", up.Calls())
+			}
+		})
+	}
+}
+
+// TestOverLimitContentLengthAnsweredAtOnce: a declared Content-Length over max_body_bytes
+// is answered 413 before any of the body is sent.
+func TestOverLimitContentLengthAnsweredAtOnce(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{proxy: func(c *proxy.Config) { c.MaxBodyBytes = 1000 }})
+	res, body, err := rawRequest(t, in.URL, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\n"+
+		"Content-Type: application/json\r\nContent-Length: 50000000\r\n\r\n", 5*time.Second)
+	if err != nil {
+		t.Fatalf("no answer within 5s to a declared 50 MB body, none of it sent: %v", err)
+	}
+	if res.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(body, `"code":"request_too_large"`) {
+		t.Errorf("got %d %s; want 413 with code request_too_large", res.StatusCode, body)
+	}
+}
+
+// TestDotSegmentsNeverLeaveThePrefix: a path with dot segments, plain or percent-encoded,
+// must never reach the upstream outside the base URL's path prefix (with the proxy's own
+// API key it would reach other APIs of the gateway). Such paths are refused.
+func TestDotSegmentsNeverLeaveThePrefix(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.URL.RawPath+" "+r.URL.Path)
+		mu.Unlock()
+		io.WriteString(w, "{}")
+	}))
+	t.Cleanup(gw.Close)
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{base: gw.URL + "/openai", proxy: func(c *proxy.Config) { c.APIKey = "sk-proxy" }})
+	paths := []string{
+		"/v1/../../admin/keys",
+		"/v1/%2e%2e/%2e%2e/admin/keys",
+		"/v1/%2E%2E%2F%2E%2E%2Fadmin/keys",
+		"/v1/..%2f..%2fadmin/keys",
+		"/v1/..\\..\\admin/keys",
+		"/v1/chat/completions/../../../admin/keys",
+		"/v1/./../admin",
+		"/..",
+	}
+	for _, p := range paths {
+		for _, method := range []string{"GET", "POST"} {
+			res, body, err := rawRequest(t, in.URL, method+" "+p+" HTTP/1.1\r\nHost: proxy\r\nContent-Length: 2\r\n\r\n{}", 5*time.Second)
+			if err != nil {
+				t.Fatalf("%s %s: %v", method, p, err)
+			}
+			if res.StatusCode != http.StatusBadRequest || !strings.Contains(body, `"code":"invalid_path"`) {
+				t.Errorf("%s %s: got %d %s; want 400 with code invalid_path", method, p, res.StatusCode, body)
+			}
+		}
+	}
+	mu.Lock()
+	if len(seen) != 0 {
+		t.Errorf("the upstream saw %q; want no request: every path above leaves /openai/", seen)
+	}
+	mu.Unlock()
+	// An ordinary path still goes through, under the prefix.
+	if a := post(t, in.URL, "/v1/files", "{}"); a.status != 200 {
+		t.Errorf("POST /v1/files: got %d; want 200", a.status)
+	}
+}
+
+// TestConnectRefused: the proxy is a reverse proxy of one API, never a forward proxy or a
+// tunnel: CONNECT is refused with 405.
+func TestConnectRefused(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{})
+	res, body, err := rawRequest(t, in.URL, "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StatusCode != http.StatusMethodNotAllowed || !strings.Contains(body, `"code":"method_not_allowed"`) {
+		t.Errorf("CONNECT: got %d %s; want 405 with code method_not_allowed", res.StatusCode, body)
+	}
+}
+
+// TestBodyTimeoutEndsWithTheBody: the body read timeout applies to the body only: an
+// answer that takes longer than it, after the whole body came, is not cut off.
+func TestBodyTimeoutEndsWithTheBody(t *testing.T) {
+	up := startUpstream(t)
+	up.Set(fakeBehavior{Delay: 500 * time.Millisecond})
+	in := newInstance(t, up, setup{proxy: func(c *proxy.Config) { c.BodyReadTimeout = 100 * time.Millisecond }})
+	for _, path := range []string{"/v1/chat/completions", "/v1/completions?passthrough=1"} {
+		hdr := []string{}
+		if strings.Contains(path, "passthrough") {
+			hdr = []string{"X-Dedupe-Bypass", "1"}
+		}
+		if a := post(t, in.URL, path, chatBody, hdr...); a.err != nil || a.status != 200 {
+			t.Errorf("POST %s answered after 500ms: got %d, %v; want 200", path, a.status, a.err)
+		}
+	}
+}
+
+// syncBuffer is a log sink safe for the server's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestDedupeFailureCauseLogged: the client of a failed call on a deduplicated route gets a
+// 502 that does not say why (the cause may name internal addresses); the log must, without
+// the secrets of the base URL.
+func TestDedupeFailureCauseLogged(t *testing.T) {
+	var logs syncBuffer
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{base: "http://127.0.0.1:1/openai?api-key=k3y-secret", flight: singleflight.Options{MaxAttempts: 1},
+		proxy: func(c *proxy.Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) }})
+	if a := post(t, in.URL, "/v1/chat/completions", chatBody); a.status != http.StatusBadGateway {
+		t.Fatalf("got %d; want 502", a.status)
+	}
+	if l := logs.String(); !strings.Contains(l, "upstream call failed") || !strings.Contains(l, "connection refused") {
+		t.Errorf("log %q; want a line \"upstream call failed\" with the cause (connection refused)", l)
+	}
+	if l := logs.String(); strings.Contains(l, "k3y-secret") {
+		t.Errorf("log %q shows the api-key of the base URL", l)
+	}
+}

@@ -1,0 +1,85 @@
+package singleflight
+
+import "container/list"
+
+// store is the in-process result store: an LRU bounded both in entries and in bytes.
+// hashicorp/golang-lru, used before, bounds entries only, and one stored answer can be
+// tens of megabytes: 30 answers of 16 MB took a process from 14 MB to 763 MB. No library
+// of the module's dependencies evicts by cost; this one is small enough to keep here.
+// It is not safe for concurrent use: Group holds cacheMu around it.
+type store struct {
+	maxEntries int
+	maxBytes   int64
+	bytes      int64
+	order      *list.List // of *storeEntry, most recently used first
+	items      map[string]*list.Element
+}
+
+type storeEntry struct {
+	key  string
+	sr   storedResult
+	size int64
+}
+
+func newStore(maxEntries int, maxBytes int64) *store {
+	return &store{maxEntries: maxEntries, maxBytes: maxBytes, order: list.New(), items: map[string]*list.Element{}}
+}
+
+// sizeOf is what an entry counts against maxBytes: its key, body and headers.
+func sizeOf(key string, sr storedResult) int64 {
+	n := len(key) + len(sr.body)
+	for k, vs := range sr.head.Header {
+		n += len(k)
+		for _, v := range vs {
+			n += len(v)
+		}
+	}
+	return int64(n)
+}
+
+// add keeps sr under key, replacing what key held, and evicts the least recently used
+// entries until both bounds hold. A result larger than maxBytes is not kept (and evicts
+// nothing): it could never fit.
+func (s *store) add(key string, sr storedResult) {
+	size := sizeOf(key, sr)
+	s.remove(key)
+	if size > s.maxBytes {
+		return
+	}
+	s.items[key] = s.order.PushFront(&storeEntry{key: key, sr: sr, size: size})
+	s.bytes += size
+	for s.order.Len() > s.maxEntries || s.bytes > s.maxBytes {
+		s.removeElement(s.order.Back())
+	}
+}
+
+// get returns key's entry and marks it most recently used.
+func (s *store) get(key string) (storedResult, bool) {
+	e, ok := s.items[key]
+	if !ok {
+		return storedResult{}, false
+	}
+	s.order.MoveToFront(e)
+	return e.Value.(*storeEntry).sr, true
+}
+
+func (s *store) remove(key string) {
+	if e, ok := s.items[key]; ok {
+		s.removeElement(e)
+	}
+}
+
+func (s *store) removeElement(e *list.Element) {
+	se := s.order.Remove(e).(*storeEntry)
+	delete(s.items, se.key)
+	s.bytes -= se.size
+}
+
+func (s *store) len() int { return s.order.Len() }
+
+// clear drops every entry.
+func (s *store) clear() {
+	s.order.Init()
+	clear(s.items)
+	s.bytes = 0
+}
