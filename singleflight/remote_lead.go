@@ -267,7 +267,9 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 	recheck := 0
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
-	read := false // read the stream before taking pushed entries
+	// Read the stream at once, as the subscription is made: what is already there is not
+	// kept waiting for the confirmation, which then makes the follower read once more.
+	read := true
 	for {
 		// The owner's alive messages extend the wait; follow the current owner's.
 		if inst := tokenInstance(pos.token); inst != aliveOf {

@@ -2,9 +2,10 @@ package redistest
 
 import (
 	"context"
-	"github.com/redis/go-redis/v9"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // TestCluster: a 3-master cluster with a replica each answers through a cluster client;
