@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 )
@@ -70,6 +71,7 @@ func (e *env) lags(ctx context.Context, c cfg, specs []lagSpec, offset time.Dura
 					mu.Lock()
 					defer mu.Unlock()
 					if !o.ok() {
+						fmt.Fprintf(os.Stderr, "bench:   %s: the first request failed: status %d, %v, %.200q\n", s.Name, o.status, o.err, o.body)
 						cell.Errors++
 						return
 					}
@@ -79,6 +81,7 @@ func (e *env) lags(ctx context.Context, c cfg, specs []lagSpec, offset time.Dura
 					}
 					for _, f := range fs {
 						if !f.ok() {
+							fmt.Fprintf(os.Stderr, "bench:   %s: a duplicate failed: status %d, %v, %.200q\n", s.Name, f.status, f.err, f.body)
 							cell.Errors++
 							continue
 						}

@@ -82,9 +82,10 @@
 //     token answers owner, appends carry a batch number n and are skipped when already in,
 //     complete and fail are no-ops when already done by the same token.
 //   - No lost wake-up: lookup answers the stream ID of the generation's first entry, and
-//     the follower reads after that concrete ID (never "$"). A blocked read is bounded by
-//     the remaining lease, then the meta is checked again; a read error (a failover's
-//     UNBLOCKED) checks again too.
+//     the follower reads after that concrete ID (never "$"): when it subscribes its
+//     flight's channel, again when Redis confirms the subscription (and after every
+//     reconnect), then takes the entries pushed. When nothing came for a lease and its
+//     owner did not say it is alive, or a read fails, the meta is checked again.
 //   - The stream before the meta: when that check no longer says "running, same owner",
 //     the follower reads what follows its position before acting on it. A finished
 //     attempt wrote its end before any later generation's first entry, so a follower of
