@@ -92,7 +92,12 @@ func (g *Group) jitter(ctx context.Context) bool {
 	if g.opts.TakeoverJitter <= 0 {
 		return ctx.Err() == nil
 	}
-	t := time.NewTimer(rand.N(g.opts.TakeoverJitter))
+	return sleep(ctx, rand.N(g.opts.TakeoverJitter))
+}
+
+// sleep waits d, or until ctx ends (then false).
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:

@@ -115,11 +115,7 @@ func (g *Group) listen() {
 		}
 		if err != nil {
 			g.observe(Event{Kind: EventRedisError, Op: "subscribe", Err: err})
-			t := time.NewTimer(backoff)
-			select {
-			case <-t.C:
-			case <-g.ctx.Done():
-				t.Stop()
+			if !sleep(g.ctx, backoff) {
 				return
 			}
 			backoff = min(2*backoff, time.Second)

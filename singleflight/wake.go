@@ -167,11 +167,7 @@ func (h *wakeHub) receive(ps *redis.PubSub) {
 			h.all(func(w *watch) { w.mu.Lock(); w.resync = true; w.mu.Unlock() })
 			// go-redis reconnects and subscribes again on the next Receive; wait a little
 			// so that a Redis that is down does not make this a busy loop.
-			t := time.NewTimer(backoff)
-			select {
-			case <-t.C:
-			case <-g.ctx.Done():
-				t.Stop()
+			if !sleep(g.ctx, backoff) {
 				return
 			}
 			backoff = min(2*backoff, time.Second)
