@@ -39,7 +39,10 @@ type rssRow struct {
 	WaitCmds map[string]float64 `json:"redis_commands_per_second_while_waiting"`
 	// ReleaseSeconds is from the release of the held calls to the last answer.
 	ReleaseSeconds float64 `json:"seconds_from_release_to_last_answer"`
-	Note           string  `json:"note,omitempty"`
+	// OwnersDoneSeconds is, when another instance owns the calls, from the release to its
+	// owners' last final write.
+	OwnersDoneSeconds float64 `json:"seconds_from_release_to_owners_done,omitempty"`
+	Note              string  `json:"note,omitempty"`
 }
 
 const (
@@ -104,8 +107,10 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 		bodies[i] = chatBody(content, false)
 	}
 	release := func() error { return e.releaseFake(ctx) }
+	var owners *heldOwners
 	if kind == rssRemoteKeys {
-		owners, err := e.holdElsewhere(ctx, bodies)
+		var err error
+		owners, err = e.holdElsewhere(ctx, bodies)
 		if err != nil {
 			return row, err
 		}
@@ -167,8 +172,22 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 	if err := release(); err != nil {
 		return row, err
 	}
+	ownersDone := make(chan time.Duration, 1)
+	if owners != nil {
+		// How much of the release is the other instance's: its owners' final writes.
+		go func() {
+			for owners.g.Owned() > 0 {
+				time.Sleep(5 * time.Millisecond) // Owned has no change notification
+			}
+			ownersDone <- time.Since(released)
+		}()
+	}
 	wg.Wait()
 	row.ReleaseSeconds = time.Since(released).Seconds()
+	if owners != nil {
+		row.OwnersDoneSeconds = (<-ownersDone).Seconds()
+		row.Note = strings.TrimSpace(fmt.Sprintf("%s the other instance's owners had all written their answers %.2f s after the release", row.Note, row.OwnersDoneSeconds))
+	}
 	for _, r := range replies {
 		if r.ok() {
 			row.OK++

@@ -80,18 +80,31 @@ func (rn *renewer) loop() {
 		if g.hooks.beforeRenew != nil {
 			g.hooks.beforeRenew(g.ctx)
 		}
-		// In pipelines of renewChunk: a slow reply delays (or fails) a few hundred
-		// renewals, not every lease this process holds.
+		// In pipelines of renewChunk, renewChunks at a time: a slow reply delays (or
+		// fails) a few hundred renewals, not every lease this process holds, and ten
+		// thousand leases are renewed in a few round trips' time, not forty.
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, renewChunks)
 		for len(batch) > 0 {
 			n := min(len(batch), renewChunk)
-			rn.renew(batch[:n])
+			chunk := batch[:n]
 			batch = batch[n:]
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				rn.renew(chunk)
+			})
 		}
+		wg.Wait()
 	}
 }
 
-// renewChunk is the most renewals sent in one pipeline.
-const renewChunk = 256
+// renewChunk is the most renewals sent in one pipeline, and renewChunks the most
+// pipelines in flight at once.
+const (
+	renewChunk  = 256
+	renewChunks = 4
+)
 
 // pipeline sends the renewals of batch in one pipeline, and the alive message with them.
 func (rn *renewer) pipeline(ctx context.Context, batch []*renewal, alive bool) []*redis.Cmd {
