@@ -34,6 +34,8 @@
 //	P:owner-seq   string  INCR counter, first part of every fencing token
 //	P:ns:NAME     string  generation of namespace NAME (see purge.go)
 //	P:invalidate  channel purges, for every instance's memory (see purge.go)
+//	P:stream:{K}  channel each entry added to the stream of the same name (see wake.go)
+//	P:alive:ID    channel instance ID renewed its leases (see renewer.go)
 //
 // The {K} hash tag puts a flight's three keys in one Cluster slot, so one script touches them
 // atomically. owner-seq lives in another slot: an instance reserves its numbers in blocks
