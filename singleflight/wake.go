@@ -268,7 +268,7 @@ func decodeEntry(p string) (redis.XMessage, bool) {
 			return "", false
 		}
 		n, err := strconv.Atoi(p[:i])
-		if err != nil || n < 0 || i+1+n > len(p) {
+		if err != nil || n < 0 || n > len(p)-i-1 {
 			return "", false
 		}
 		s := p[i+1 : i+1+n]
