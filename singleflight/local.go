@@ -16,6 +16,7 @@ func (localOwnership) fail(context.Context, Result, string) error               
 func (localOwnership) remote() bool                                              { return false }
 
 func (localOwnership) complete(context.Context, final) error { return nil }
+func (localOwnership) abandon()                              {}
 
 // lead runs the flight f until it has an outcome for its readers.
 func (g *Group) lead(ctx context.Context, f *flight) {

@@ -22,6 +22,9 @@ type ownership interface {
 	fail(ctx context.Context, res Result, reason string) error
 	// remote says whether there are followers elsewhere to renew and write for.
 	remote() bool
+	// abandon tells followers elsewhere that the attempt ended although its final write
+	// failed: they look the flight up instead of waiting for its lease on the owner's word.
+	abandon()
 }
 
 // final is what complete writes: the head, the bytes followers have not surely been sent
@@ -65,11 +68,18 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	defer stopHeartbeat()
 
 	res, err := callOwner(tctx, f.fn, w)
+	// An answer the function returned before anything ended its context is whole: its
+	// local readers get it even if the final flush or write is fenced (another owner's
+	// answer is then the stored one), as they do when only complete is refused.
+	whole := err == nil && res.Outcome != Retry && context.Cause(tctx) == nil
 	w.closeAndFlush()
 	w.flusher.Wait()
 
 	cause := context.Cause(tctx)
-	if errors.Is(cause, ErrLeaseLost) || errors.Is(w.err, ErrLeaseLost) {
+	if whole {
+		cause = nil
+	}
+	if cause != nil && errors.Is(cause, ErrLeaseLost) || !whole && errors.Is(w.err, ErrLeaseLost) {
 		g.observe(Event{Kind: EventLeaseLost, Key: f.key})
 		f.resetGen(nil)
 		return attemptLeaseLost, res, ErrLeaseLost
@@ -97,6 +107,9 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 		// a request sent after an answer arrived must never find that flight running.
 		cerr := o.complete(wctx, fin)
 		stopHeartbeat()
+		if cerr != nil && !errors.Is(cerr, ErrLeaseLost) {
+			o.abandon() // the flight may look running with nobody renewing it
+		}
 		if errors.Is(cerr, ErrLeaseLost) {
 			// Another owner took over; its result is the stored one. Our local readers
 			// already hold a whole answer, so they get it rather than a second call.
@@ -119,6 +132,9 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	}
 	ferr := o.fail(wctx, res, reason)
 	stopHeartbeat()
+	if ferr != nil && !errors.Is(ferr, ErrLeaseLost) {
+		o.abandon()
+	}
 	if errors.Is(ferr, ErrLeaseLost) {
 		g.observe(Event{Kind: EventFencedWrite, Key: f.key, Op: "fail"})
 	}

@@ -3,6 +3,7 @@ package singleflight
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -265,6 +266,10 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 	deadline := time.Now().Add(remaining) // when to look again: the lease's end, or sooner to re-read
 	leaseEnd := deadline                  // when the owner's lease runs out, as far as we know
 	recheck := 0
+	// The owner instance's alive messages stand for this attempt only while it can still
+	// run: not once the instance said it stopped renewing it, nor past the hard timeout
+	// any attempt has (counted from the last look, which found it running).
+	trustFor, trustUntil := pos.token, time.Now().Add(r.g.opts.Timeout+r.g.opts.LeaseTTL)
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	// Read the stream at once, as the subscription is made: what is already there is not
@@ -303,8 +308,17 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 			case <-ctx.Done():
 				return followEnd{kind: followDone}
 			case <-aliveC:
-				if _, said, _ := alive.take(); said {
-					leaseEnd = time.Now().Add(r.g.opts.LeaseTTL)
+				_, said, _ := alive.take()
+				if pos.token != trustFor {
+					trustFor, trustUntil = pos.token, time.Now().Add(r.g.opts.Timeout+r.g.opts.LeaseTTL)
+				}
+				if slices.Contains(alive.takeGone(), pos.token) {
+					trustUntil = time.Time{} // its owner no longer renews it: look it up now
+					deadline = time.Now()
+					continue
+				}
+				if end := time.Now().Add(r.g.opts.LeaseTTL); said && end.Before(trustUntil) {
+					leaseEnd = end
 					deadline, recheck = leaseEnd, 0
 				}
 				continue
@@ -319,6 +333,12 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 				}
 				if end, done := r.recheck(ctx, f, pos, &deadline, &leaseEnd, &recheck, &read); done {
 					return end
+				}
+				// A look that found another attempt trusts its owner anew; one that found
+				// this attempt still running, after its owner said it stopped renewing it,
+				// waits for its lease alone.
+				if pos.token != trustFor || !trustUntil.IsZero() {
+					trustFor, trustUntil = pos.token, time.Now().Add(r.g.opts.Timeout+r.g.opts.LeaseTTL)
 				}
 				continue
 			}
@@ -336,6 +356,12 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 				r.redisErr("xread", f.key, err) // e.g. a failover: check again
 				if end, done := r.recheck(ctx, f, pos, &deadline, &leaseEnd, &recheck, &read); done {
 					return end
+				}
+				// A look that found another attempt trusts its owner anew; one that found
+				// this attempt still running, after its owner said it stopped renewing it,
+				// waits for its lease alone.
+				if pos.token != trustFor || !trustUntil.IsZero() {
+					trustFor, trustUntil = pos.token, time.Now().Add(r.g.opts.Timeout+r.g.opts.LeaseTTL)
 				}
 				continue
 			}

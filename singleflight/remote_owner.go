@@ -45,6 +45,8 @@ func (o *remoteOwnership) args(a ...any) []any { return append(a, o.restoreArgs(
 
 func (o *remoteOwnership) remote() bool { return true }
 
+func (o *remoteOwnership) abandon() { o.r.renewer.abandon(o.token) }
+
 // fenced turns a script's 0 into ErrLeaseLost.
 func (o *remoteOwnership) fenced(op string, v int64, err error) error {
 	if err != nil {

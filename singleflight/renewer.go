@@ -3,6 +3,7 @@ package singleflight
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +24,7 @@ type renewer struct {
 
 	mu      sync.Mutex
 	owned   map[*renewal]struct{}
+	gone    []string // tokens no longer renewed without a final write: said in the next alive
 	started bool
 }
 
@@ -31,9 +33,19 @@ type renewal struct {
 	o      *remoteOwnership
 	ctx    context.Context         // the attempt under its hard timeout
 	cancel context.CancelCauseFunc // owner suicide: ErrLeaseLost
+	said   bool                    // its end of renewals was said on the alive channel
 }
 
 func newRenewer(r *remote) *renewer { return &renewer{r: r, owned: map[*renewal]struct{}{}} }
+
+// abandon says, with the next alive message, that token is no longer renewed although its
+// flight may look running (its final write failed): its followers stop trusting alive
+// messages for it and look it up.
+func (rn *renewer) abandon(token string) {
+	rn.mu.Lock()
+	rn.gone = append(rn.gone, token)
+	rn.mu.Unlock()
+}
 
 // add registers an attempt's lease until the returned stop is called.
 func (rn *renewer) add(ctx context.Context, o *remoteOwnership, cancel context.CancelCauseFunc) (stop func()) {
@@ -69,12 +81,25 @@ func (rn *renewer) loop() {
 		rn.mu.Lock()
 		batch := make([]*renewal, 0, len(rn.owned))
 		for rl := range rn.owned {
-			if rl.ctx.Err() == nil {
+			switch {
+			case rl.ctx.Err() == nil:
 				batch = append(batch, rl)
+			case !rl.said:
+				// Past its hard timeout, an attempt is not renewed: its followers must
+				// not take the instance's alive messages for it.
+				rl.said = true
+				rn.gone = append(rn.gone, rl.o.token)
 			}
 		}
+		gone := strings.Join(rn.gone, " ")
+		rn.gone = nil
 		rn.mu.Unlock()
 		if len(batch) == 0 {
+			if gone != "" {
+				ctx, cancel := context.WithTimeout(g.ctx, writeTimeout(g))
+				rn.r.rdb.Publish(ctx, rn.r.wake.aliveChannel(g.opts.InstanceID), gone)
+				cancel()
+			}
 			continue
 		}
 		if g.hooks.beforeRenew != nil {
@@ -89,10 +114,12 @@ func (rn *renewer) loop() {
 			n := min(len(batch), renewChunk)
 			chunk := batch[:n]
 			batch = batch[n:]
+			said := gone
+			gone = ""
 			sem <- struct{}{}
 			wg.Go(func() {
 				defer func() { <-sem }()
-				rn.renew(chunk)
+				rn.renew(chunk, said)
 			})
 		}
 		wg.Wait()
@@ -106,8 +133,9 @@ const (
 	renewChunks = 4
 )
 
-// pipeline sends the renewals of batch in one pipeline, and the alive message with them.
-func (rn *renewer) pipeline(ctx context.Context, batch []*renewal, alive bool) []*redis.Cmd {
+// pipeline sends the renewals of batch in one pipeline, and with alive the alive message
+// saying the tokens gone.
+func (rn *renewer) pipeline(ctx context.Context, batch []*renewal, alive bool, gone string) []*redis.Cmd {
 	r := rn.r
 	cmds := make([]*redis.Cmd, len(batch))
 	_, _ = r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -115,7 +143,7 @@ func (rn *renewer) pipeline(ctx context.Context, batch []*renewal, alive bool) [
 			cmds[i] = rl.o.renewCmd(ctx, p)
 		}
 		if alive {
-			p.Publish(ctx, r.wake.aliveChannel(r.g.opts.InstanceID), "")
+			p.Publish(ctx, r.wake.aliveChannel(r.g.opts.InstanceID), gone)
 		}
 		return nil
 	})
@@ -123,12 +151,12 @@ func (rn *renewer) pipeline(ctx context.Context, batch []*renewal, alive bool) [
 }
 
 // renew sends one batch of renewals, and the alive message with them.
-func (rn *renewer) renew(batch []*renewal) {
+func (rn *renewer) renew(batch []*renewal, gone string) {
 	r := rn.r
 	g := r.g
 	ctx, cancel := context.WithTimeout(g.ctx, writeTimeout(g))
 	defer cancel()
-	cmds := rn.pipeline(ctx, batch, true)
+	cmds := rn.pipeline(ctx, batch, true, gone)
 	// A Redis that lost its scripts (a restart, a failover) answers NOSCRIPT to every
 	// EVALSHA: load the script once, then send those renewals again.
 	var again []int
@@ -142,7 +170,7 @@ func (rn *renewer) renew(batch []*renewal) {
 		for j, i := range again {
 			retry[j] = batch[i]
 		}
-		for j, c := range rn.pipeline(ctx, retry, false) {
+		for j, c := range rn.pipeline(ctx, retry, false, "") {
 			cmds[again[j]] = c
 		}
 	}

@@ -46,6 +46,7 @@ type watch struct {
 	queue  []redis.XMessage // entries pushed, in order
 	resync bool             // (re)subscribed, or the connection broke: read the stream
 	alive  bool             // the owner said it is alive
+	gone   []string         // tokens the owner said it no longer renews
 }
 
 func newWakeHub(r *remote) *wakeHub {
@@ -182,7 +183,8 @@ func (h *wakeHub) receive(ps *redis.PubSub) {
 			}
 		case *redis.Message:
 			if strings.HasPrefix(m.Channel, h.r.g.opts.KeyPrefix+":alive:") {
-				h.each(m.Channel, func(w *watch) { w.mu.Lock(); w.alive = true; w.mu.Unlock() })
+				gone := strings.Fields(m.Payload)
+				h.each(m.Channel, func(w *watch) { w.mu.Lock(); w.alive, w.gone = true, append(w.gone, gone...); w.mu.Unlock() })
 				continue
 			}
 			e, ok := decodeEntry(m.Payload)
@@ -235,6 +237,15 @@ func (w *watch) take() (resync, alive bool, entries []redis.XMessage) {
 	resync, alive, entries = w.resync, w.alive, w.queue
 	w.resync, w.alive, w.queue = false, false, nil
 	return resync, alive, entries
+}
+
+// takeGone returns the tokens the owner said it stopped renewing since the last take.
+func (w *watch) takeGone() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	gone := w.gone
+	w.gone = nil
+	return gone
 }
 
 // close ends the watch; the channel is unsubscribed when its last watcher leaves.

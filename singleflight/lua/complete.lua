@@ -34,6 +34,9 @@ if ARGV[8] == '1' then
   redis.call('PEXPIRE', KEYS[3], ARGV[9])
 end
 redis.call('HSET', KEYS[1], 'state', 'D', 'lease_until', 0, 'n', n + 1)
-redis.call('PEXPIRE', KEYS[1], ARGV[10])
-redis.call('PEXPIRE', KEYS[2], ARGV[10])
+-- The finished meta outlives any lease still running (restore.lua's rule: within its
+-- lease, no other owner can have finished a flight whose meta is gone).
+local keep = math.max(tonumber(ARGV[10]), tonumber(ARGV[#ARGV - 1]))
+redis.call('PEXPIRE', KEYS[1], keep)
+redis.call('PEXPIRE', KEYS[2], keep)
 return 1
