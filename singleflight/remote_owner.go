@@ -72,6 +72,11 @@ func (o *remoteOwnership) renewCmd(ctx context.Context, p redis.Pipeliner) *redi
 	return renewScript.EvalSha(ctx, p, []string{o.k.meta, o.k.stream}, o.renewArgs()...)
 }
 
+// renewRun renews alone, sending the script where Redis lost it.
+func (o *remoteOwnership) renewRun(ctx context.Context) *redis.Cmd {
+	return renewScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream}, o.renewArgs()...)
+}
+
 // renewed takes a renewal's answer: the new lease_until, or ErrLeaseLost.
 func (o *remoteOwnership) renewed(v int64, err error) error {
 	if err == nil && v > 0 {

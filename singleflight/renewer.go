@@ -165,13 +165,21 @@ func (rn *renewer) renew(batch []*renewal, gone string) {
 			again = append(again, i)
 		}
 	}
-	if len(again) > 0 && renewScript.Load(ctx, r.rdb).Err() == nil {
-		retry := make([]*renewal, len(again))
-		for j, i := range again {
-			retry[j] = batch[i]
-		}
-		for j, c := range rn.pipeline(ctx, retry, false, "") {
-			cmds[again[j]] = c
+	if len(again) > 0 {
+		if renewScript.Load(ctx, r.rdb).Err() == nil {
+			retry := make([]*renewal, len(again))
+			for j, i := range again {
+				retry[j] = batch[i]
+			}
+			for j, c := range rn.pipeline(ctx, retry, false, "") {
+				cmds[again[j]] = c
+			}
+		} else {
+			// The load failed somewhere (in a Cluster it goes to every node): each
+			// renewal on its own, which sends the script itself where it is missing.
+			for _, i := range again {
+				cmds[i] = batch[i].o.renewRun(ctx)
+			}
 		}
 	}
 	for i, rl := range batch {
