@@ -32,7 +32,7 @@ type profileRow struct {
 // share of the functions its pattern matches (chosen so that none calls another).
 var profileBuckets = []struct{ label, re string }{
 	{"HTTP server: read request, handler, write answer (net/http.(*conn).serve)", `^net/http\.\(\*conn\)\.serve$`},
-	{"request key (hashing.(*Hasher).Key)", `hashing\.\(\*Hasher\)\.Key$`},
+	{"request key (hashing.(*Hasher).KeyIn)", `hashing\.\(\*Hasher\)\.KeyIn$`},
 	{"Redis round trips, every script (go-redis (*Script).Run)", `go-redis/v9\.\(\*Script\)\.Run$`},
 	{"lookup: script and decoding its answer (singleflight.(*remote).lookup)", `singleflight\.\(\*remote\)\.lookup$`},
 	{"… decoding a hit's stored header (singleflight.decodeHead)", `singleflight\.decodeHead$`},

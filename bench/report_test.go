@@ -26,8 +26,8 @@ func TestBuckets(t *testing.T) {
 			t.Errorf("bucket %q = %v; want %v", k, got[k], v)
 		}
 	}
-	if got["request key (hashing.(*Hasher).Key)"] != 0 {
-		t.Errorf("a bucket without a matching line = %v; want 0", got["request key (hashing.(*Hasher).Key)"])
+	if got["request key (hashing.(*Hasher).KeyIn)"] != 0 {
+		t.Errorf("a bucket without a matching line = %v; want 0", got["request key (hashing.(*Hasher).KeyIn)"])
 	}
 }
 
