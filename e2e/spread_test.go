@@ -22,7 +22,7 @@ import (
 func TestSpread(t *testing.T) {
 	const (
 		prompts    = 1500
-		maxClients = 128 // three instances: a pool and two pub/sub connections each, and the test's own
+		maxClients = 128 // three instances: a pool and one pub/sub connection each, and the test's own
 	)
 	// The default lease (3 s, renewed every second), not the suite's short one: thousands
 	// of requests at once on two shared cores delay a renewal by more than a second.

@@ -77,56 +77,19 @@ func (g *Group) channel() string        { return g.opts.KeyPrefix + ":invalidate
 func (g *Group) nsKey(ns string) string { return g.opts.KeyPrefix + ":ns:" + ns }
 
 // startInvalidation starts listening for purges made by other instances; New calls it.
+// The purge channel rides on the pub/sub connection followers wait on (wake.go). Each
+// confirmation of its subscription after the first means purges may have been lost, so
+// everything kept in memory is forgotten.
 func (g *Group) startInvalidation() {
 	g.inv.init()
 	if g.remote == nil {
 		close(g.inv.ready)
 		return
 	}
-	g.wg.Add(1)
-	go g.listen()
-}
-
-// Listening is closed once this Group receives purges from other instances: at once
-// without Redis, and when the subscription first answers with Redis.
-func (g *Group) Listening() <-chan struct{} {
-	g.inv.init()
-	return g.inv.ready
-}
-
-// listen applies purge messages until the Group is closed. go-redis reconnects and
-// subscribes again by itself; each confirmation after the first means messages may have
-// been lost, so everything kept in memory is forgotten.
-func (g *Group) listen() {
-	defer g.wg.Done()
-	ps := g.opts.Redis.Subscribe(g.ctx, g.channel())
-	var closeOnce sync.Once
-	closePS := func() { closeOnce.Do(func() { _ = ps.Close() }) }
-	defer closePS()
-	// Receive does not watch the context; closing the connection ends it.
-	stop := context.AfterFunc(g.ctx, closePS)
-	defer stop()
-	subscribed := false
-	backoff := 50 * time.Millisecond
-	for {
-		msg, err := ps.Receive(g.ctx)
-		if g.ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			g.observe(Event{Kind: EventRedisError, Op: "subscribe", Err: err})
-			if !sleep(g.ctx, backoff) {
-				return
-			}
-			backoff = min(2*backoff, time.Second)
-			continue
-		}
-		backoff = 50 * time.Millisecond
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			if m.Kind != "subscribe" {
-				continue
-			}
+	subscribed := false // only the receiving goroutine touches it
+	_ = g.remote.wake.listen(g.channel(), listener{
+		message: g.apply,
+		confirmed: func() {
 			if subscribed {
 				g.forgetAll()
 			} else {
@@ -134,10 +97,15 @@ func (g *Group) listen() {
 				close(g.inv.ready)
 			}
 			g.observe(Event{Kind: EventSubscribed})
-		case *redis.Message:
-			g.apply(m.Payload)
-		}
-	}
+		},
+	})
+}
+
+// Listening is closed once this Group receives purges from other instances: at once
+// without Redis, and when the subscription first answers with Redis.
+func (g *Group) Listening() <-chan struct{} {
+	g.inv.init()
+	return g.inv.ready
 }
 
 // apply carries out one purge message: "a KEY" (an answer) or "n GEN NAME" (a namespace).

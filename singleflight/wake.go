@@ -15,13 +15,16 @@ import (
 // pub/sub connection on which its followers' channels are subscribed. So a process waits
 // for ten thousand flights over one connection, and sends no command while it waits.
 //
-// No lost wake-up: a follower subscribes, waits for Redis to confirm it, and only then
-// reads the stream from its position; every later entry reaches it as a message. Redis
-// confirms every subscription again after go-redis reconnects the connection, and every
-// confirmation makes the followers of that channel read the stream again, so messages lost
-// with a connection are read from the stream. Owners also publish, once per heartbeat, that
-// they are alive (aliveChannel): a follower extends its wait by a lease on each, and looks
-// the flight up only when its owner has fallen silent.
+// No lost wake-up: a follower subscribes and reads the stream from its position, and
+// reads it again when Redis confirms the subscription; every later entry reaches it as a
+// message. Redis confirms every subscription again after go-redis reconnects the
+// connection, and every confirmation makes the followers of that channel read the stream
+// again, so messages lost with a connection are read from the stream. Owners also publish,
+// once per heartbeat, that they are alive (aliveChannel): a follower extends its wait by a
+// lease on each, and looks the flight up only when its owner has fallen silent.
+//
+// The same connection carries the channels a Group listens to for as long as it lives
+// (listen), such as purges: one pub/sub connection per process in all.
 
 // wakeHub is a process's pub/sub connection and the followers waiting on it.
 type wakeHub struct {
@@ -30,6 +33,7 @@ type wakeHub struct {
 	mu         sync.Mutex
 	ps         *redis.PubSub
 	watches    map[string][]*watch // channel → its watchers
+	listeners  map[string]listener // channels subscribed for the Group's life
 	subscribed map[string]bool     // channels the sender has subscribed (and not left)
 	dirty      map[string]bool     // channels whose watchers changed since the sender looked
 	flush      chan struct{}       // has room for one: dirty has channels
@@ -49,8 +53,38 @@ type watch struct {
 	gone   []string         // tokens the owner said it no longer renews
 }
 
+// listener is what a channel subscribed for the Group's life does with what comes: each
+// message, and each confirmation of its subscription (the first, and one after every
+// reconnect, when messages may have been lost). Both run on the receiving goroutine.
+type listener struct {
+	message   func(payload string)
+	confirmed func()
+}
+
 func newWakeHub(r *remote) *wakeHub {
-	return &wakeHub{r: r, watches: map[string][]*watch{}, subscribed: map[string]bool{}, dirty: map[string]bool{}, flush: make(chan struct{}, 1)}
+	return &wakeHub{r: r, watches: map[string][]*watch{}, listeners: map[string]listener{},
+		subscribed: map[string]bool{}, dirty: map[string]bool{}, flush: make(chan struct{}, 1)}
+}
+
+// listen subscribes channel for as long as the Group lives.
+func (h *wakeHub) listen(channel string, l listener) error {
+	h.mu.Lock()
+	defer h.kick()
+	defer h.mu.Unlock()
+	if err := h.start(); err != nil {
+		return err
+	}
+	h.listeners[channel] = l
+	h.dirty[channel] = true
+	return nil
+}
+
+// listenerOf returns channel's listener, if it has one.
+func (h *wakeHub) listenerOf(channel string) (listener, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	l, ok := h.listeners[channel]
+	return l, ok
 }
 
 // aliveChannel is where the owner instance id publishes that it renewed its leases.
@@ -93,8 +127,9 @@ func (h *wakeHub) kick() {
 	}
 }
 
-// start opens the pub/sub connection and its reader, once; h.mu held. It is called by a
-// flight's leader goroutine, which the Group's WaitGroup counts, so adding to it is safe.
+// start opens the pub/sub connection and its reader, once; h.mu held. It is called by New
+// (listen) or by a flight's leader goroutine, which the Group's WaitGroup counts, so adding
+// to it is safe.
 func (h *wakeHub) start() error {
 	if h.ps != nil {
 		return nil
@@ -128,7 +163,8 @@ func (h *wakeHub) send(ps *redis.PubSub) {
 		var join, leave []string
 		h.mu.Lock()
 		for ch := range h.dirty {
-			switch on := len(h.watches[ch]) > 0; {
+			_, listened := h.listeners[ch]
+			switch on := listened || len(h.watches[ch]) > 0; {
 			case on && !h.subscribed[ch]:
 				join = append(join, ch)
 				h.subscribed[ch] = true
@@ -162,6 +198,7 @@ func (h *wakeHub) receive(ps *redis.PubSub) {
 			return
 		}
 		if err != nil {
+			g.observe(Event{Kind: EventRedisError, Op: "subscribe", Err: err})
 			// Messages may be lost: every follower reads its stream (one whose Redis is
 			// down finds out at once, and goes local-only).
 			h.down.Store(true)
@@ -178,10 +215,19 @@ func (h *wakeHub) receive(ps *redis.PubSub) {
 		h.down.Store(false)
 		switch m := v.(type) {
 		case *redis.Subscription:
-			if m.Kind == "subscribe" {
-				h.each(m.Channel, func(w *watch) { w.mu.Lock(); w.resync = true; w.mu.Unlock() })
+			if m.Kind != "subscribe" {
+				continue
 			}
+			if l, ok := h.listenerOf(m.Channel); ok {
+				l.confirmed()
+				continue
+			}
+			h.each(m.Channel, func(w *watch) { w.mu.Lock(); w.resync = true; w.mu.Unlock() })
 		case *redis.Message:
+			if l, ok := h.listenerOf(m.Channel); ok {
+				l.message(m.Payload)
+				continue
+			}
 			if strings.HasPrefix(m.Channel, h.r.g.opts.KeyPrefix+":alive:") {
 				gone := strings.Fields(m.Payload)
 				h.each(m.Channel, func(w *watch) { w.mu.Lock(); w.alive, w.gone = true, append(w.gone, gone...); w.mu.Unlock() })
