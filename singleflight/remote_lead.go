@@ -269,12 +269,29 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 	// The owner instance's alive messages stand for this attempt only while it can still
 	// run: not once the instance said it stopped renewing it, nor past the hard timeout
 	// any attempt has (counted from the last look, which found it running).
-	trustFor, trustUntil := pos.token, time.Now().Add(r.g.opts.Timeout+r.g.opts.LeaseTTL)
-	timer := time.NewTimer(time.Until(deadline))
-	defer timer.Stop()
 	// Read the stream at once, as the subscription is made: what is already there is not
 	// kept waiting for the confirmation, which then makes the follower read once more.
 	read := true
+	var (
+		trustFor   string
+		trustUntil time.Time
+	)
+	trust := func() { trustFor, trustUntil = pos.token, time.Now().Add(r.g.opts.Timeout+r.g.opts.LeaseTTL) }
+	trust()
+	// look looks the flight up (see recheck). A look that found another attempt trusts its
+	// owner anew; one that found this attempt still running, after its owner said it
+	// stopped renewing it, waits for its lease alone.
+	look := func() (followEnd, bool) {
+		if end, done := r.recheck(ctx, f, pos, &deadline, &leaseEnd, &recheck, &read); done {
+			return end, true
+		}
+		if pos.token != trustFor || !trustUntil.IsZero() {
+			trust()
+		}
+		return followEnd{}, false
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
 	for {
 		// The owner's alive messages extend the wait; follow the current owner's.
 		if inst := tokenInstance(pos.token); inst != aliveOf {
@@ -310,7 +327,7 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 			case <-aliveC:
 				_, said, _ := alive.take()
 				if pos.token != trustFor {
-					trustFor, trustUntil = pos.token, time.Now().Add(r.g.opts.Timeout+r.g.opts.LeaseTTL)
+					trust()
 				}
 				if slices.Contains(alive.takeGone(), pos.token) {
 					trustUntil = time.Time{} // its owner no longer renews it: look it up now
@@ -331,14 +348,8 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 				if r.g.hooks.readGap != nil {
 					r.g.hooks.readGap()
 				}
-				if end, done := r.recheck(ctx, f, pos, &deadline, &leaseEnd, &recheck, &read); done {
+				if end, done := look(); done {
 					return end
-				}
-				// A look that found another attempt trusts its owner anew; one that found
-				// this attempt still running, after its owner said it stopped renewing it,
-				// waits for its lease alone.
-				if pos.token != trustFor || !trustUntil.IsZero() {
-					trustFor, trustUntil = pos.token, time.Now().Add(r.g.opts.Timeout+r.g.opts.LeaseTTL)
 				}
 				continue
 			}
@@ -354,14 +365,8 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 			}
 			if err != nil {
 				r.redisErr("xread", f.key, err) // e.g. a failover: check again
-				if end, done := r.recheck(ctx, f, pos, &deadline, &leaseEnd, &recheck, &read); done {
+				if end, done := look(); done {
 					return end
-				}
-				// A look that found another attempt trusts its owner anew; one that found
-				// this attempt still running, after its owner said it stopped renewing it,
-				// waits for its lease alone.
-				if pos.token != trustFor || !trustUntil.IsZero() {
-					trustFor, trustUntil = pos.token, time.Now().Add(r.g.opts.Timeout+r.g.opts.LeaseTTL)
 				}
 				continue
 			}
@@ -396,7 +401,7 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 	}
 }
 
-// pollEvery is how often a follower without a subscription reads its stream.
+// pollEvery is how often a follower reads its stream while the pub/sub connection is down.
 const pollEvery = 250 * time.Millisecond
 
 // readAfter reads the entries of stream after id, without blocking.
