@@ -96,9 +96,7 @@ func (rn *renewer) loop() {
 		rn.mu.Unlock()
 		if len(batch) == 0 {
 			if gone != "" {
-				ctx, cancel := context.WithTimeout(g.ctx, writeTimeout(g))
-				rn.r.rdb.Publish(ctx, rn.r.wake.aliveChannel(g.opts.InstanceID), gone)
-				cancel()
+				rn.renew(nil, gone) // nothing to renew; the word on the tokens gone
 			}
 			continue
 		}
