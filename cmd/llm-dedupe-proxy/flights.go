@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"text/tabwriter"
@@ -31,11 +30,12 @@ func (a *app) flights(args []string) int {
 		fmt.Fprintln(a.stderr, "llm-dedupe-proxy flights: admin.listen is not set: the proxy serves no admin API")
 		return 2
 	}
-	host, port, _ := net.SplitHostPort(cfg.Admin.Listen)
-	if host == "" || host == "0.0.0.0" || host == "::" {
-		host = "127.0.0.1"
+	base, err := localBase(cfg.Admin.Listen)
+	if err != nil {
+		fmt.Fprintf(a.stderr, "llm-dedupe-proxy flights: admin.listen %q: %v\n", cfg.Admin.Listen, err)
+		return 1
 	}
-	url := "http://" + net.JoinHostPort(host, port) + "/admin/flights?limit=" + strconv.Itoa(*limit)
+	url := base + "/admin/flights?limit=" + strconv.Itoa(*limit)
 	req, _ := http.NewRequest(http.MethodGet, url, nil)
 	req.Header.Set("Authorization", "Bearer "+cfg.Admin.Token)
 	resp, err := (&http.Client{Timeout: *timeout}).Do(req)

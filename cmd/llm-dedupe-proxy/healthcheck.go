@@ -20,16 +20,13 @@ func (a *app) healthcheck(args []string) int {
 	if err != nil {
 		return a.invalidConfig(err)
 	}
-	host, port, err := net.SplitHostPort(cfg.Listen)
+	base, err := localBase(cfg.Listen)
 	if err != nil {
 		fmt.Fprintf(a.stderr, "llm-dedupe-proxy healthcheck: listen %q: %v\n", cfg.Listen, err)
 		return 1
 	}
-	if host == "" || host == "0.0.0.0" || host == "::" {
-		host = "127.0.0.1"
-	}
 	c := &http.Client{Timeout: *timeout}
-	resp, err := c.Get("http://" + net.JoinHostPort(host, port) + "/healthz")
+	resp, err := c.Get(base + "/healthz")
 	if err != nil {
 		fmt.Fprintf(a.stderr, "llm-dedupe-proxy healthcheck: %v\n", err)
 		return 1
@@ -40,4 +37,17 @@ func (a *app) healthcheck(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// localBase is the URL to reach, from this machine, a server listening on listen: a
+// wildcard or empty host is reached on the loopback address.
+func localBase(listen string) (string, error) {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", err
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port), nil
 }
