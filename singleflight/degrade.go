@@ -46,17 +46,10 @@ func (r *remote) degradedFor(key string) bool {
 	if !r.g.degraded.Load() {
 		return false
 	}
-	r.mu.Lock()
-	all := r.down[""]
-	n := len(r.down)
-	r.mu.Unlock()
-	if all || n == 0 {
-		return all
-	}
 	s := r.shard(key)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.down[s] || r.down[""]
+	return r.down[""] || r.down[s]
 }
 
 // degrade marks shard unusable until a probe finds it answering. Group.degraded says
