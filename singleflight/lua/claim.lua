@@ -42,8 +42,8 @@ local gen = xadd(KEYS[2], {'t', 'gen', 'tok', ARGV[1], 'a', attempt})
 -- for linger (stream IDs are this server's time); new readers start at gen.
 redis.call('XTRIM', KEYS[2], 'MINID', now - tonumber(ARGV[9]))
 redis.call('HSET', KEYS[1], 'state', 'R', 'token', ARGV[1], 'owner', ARGV[3],
-  'lease_until', now + tonumber(ARGV[4]), 'attempt', attempt, 'created', now, 'gen', gen, 'n', 0)
-redis.call('HSET', KEYS[1], 'route', ARGV[10] or '', 'model', ARGV[11] or '')
+  'lease_until', now + tonumber(ARGV[4]), 'attempt', attempt, 'created', now, 'gen', gen, 'n', 0,
+  'route', ARGV[10] or '', 'model', ARGV[11] or '')
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return {'owner', attempt, gen, now + tonumber(ARGV[4])}

@@ -34,8 +34,8 @@ if cand ~= '' and (not m[1] or m[1] == 'D') then
   -- reads. Only what is older than that goes (stream IDs are this server's time).
   redis.call('XTRIM', KEYS[3], 'MINID', now - tonumber(ARGV[6]))
   redis.call('HSET', KEYS[1], 'state', 'R', 'token', cand, 'owner', ARGV[3],
-    'lease_until', now + tonumber(ARGV[4]), 'attempt', 1, 'created', now, 'gen', gen, 'n', 0)
-  redis.call('HSET', KEYS[1], 'route', ARGV[8] or '', 'model', ARGV[9] or '')
+    'lease_until', now + tonumber(ARGV[4]), 'attempt', 1, 'created', now, 'gen', gen, 'n', 0,
+    'route', ARGV[8] or '', 'model', ARGV[9] or '')
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   redis.call('PEXPIRE', KEYS[3], ARGV[5])
   return {'owner', 1, gen, now + tonumber(ARGV[4])}
