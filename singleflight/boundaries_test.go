@@ -246,13 +246,8 @@ func TestOwnerRestoresLostFlight(t *testing.T) {
 		t.Fatalf("FLUSHALL: %v", err)
 	}
 	meta := "ai:flight:meta:{" + key + "}"
-	deadline := time.Now().Add(5 * time.Second)
-	for rdb.Exists(ctx, meta).Val() == 0 { // no event tells a test that a script ran
-		if time.Now().After(deadline) {
-			t.Fatal("the owner did not put its lost flight back within 5s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	// No event tells a test that a script ran.
+	waitCond(t, 5*time.Second, "the owner puts its lost flight back", func() bool { return rdb.Exists(ctx, meta).Val() == 1 })
 	late := readStream(ctx, func() *Reader { r, _ := bg.Do(key, false, fn); return r }())
 	close(s.hold)
 	for name, sr := range map[string]*streamReader{"owner": ownerOut, "early follower": early, "late follower": late} {

@@ -7,9 +7,10 @@
 //
 // # Roles
 //
-// Group.Do joins the local flight of a key or starts one. Only the flight's leader
-// goroutine talks to the coordinator, so a process holds at most one Redis conversation per
-// key however many callers wait. Its answer is one of:
+// Group.Do joins the local flight of a key or starts one. Only the flight's leader talks to
+// the coordinator, so a process holds at most one Redis conversation per key however many
+// callers wait. A leader following another instance's owner holds no goroutine while it
+// waits (park.go): its state, hooked to what can wake it. Its answer is one of:
 //
 //   - hit: a stored result (Options.ResultTTL) serves every local caller;
 //   - follow: another instance owns the call; the leader reads its stream into the local log;

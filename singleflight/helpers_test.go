@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -185,5 +186,17 @@ func started(ch chan<- struct{}, next Func) Func {
 	return func(ctx context.Context, w *Writer) (Result, error) {
 		ch <- struct{}{}
 		return next(ctx, w)
+	}
+}
+
+// waitCond polls cond (for states that announce no event) until it holds or limit passes.
+func waitCond(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v (goroutines: %d)", what, limit, runtime.NumGoroutine())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

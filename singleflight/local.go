@@ -20,18 +20,12 @@ func (localOwnership) abandon()                              {}
 
 // lead runs the flight f until it has an outcome for its readers.
 func (g *Group) lead(ctx context.Context, f *flight) {
-	defer g.wg.Done()
 	g.observe(Event{Kind: EventFlightStart, Key: f.key})
+	ended := true // false when a parked follower goes on elsewhere: it ends the flight
 	defer func() {
-		g.mu.Lock()
-		g.forget(f)
-		g.mu.Unlock()
-		if cause := context.Cause(ctx); cause != nil {
-			f.fail(errors.Join(ErrFailed, cause))
-		} else {
-			f.fail(ErrFailed)
+		if ended {
+			g.endLead(ctx, f)
 		}
-		g.observe(Event{Kind: EventFlightEnd, Key: f.key})
 	}()
 	if !f.noCache {
 		if sr, ok := g.cachedWithin(f.key, f.call.MaxAge); ok {
@@ -41,12 +35,26 @@ func (g *Group) lead(ctx context.Context, f *flight) {
 		}
 	}
 	if g.remote != nil {
-		g.remote.lead(ctx, f)
+		ended = g.remote.lead(ctx, f)
 		return
 	}
 	f.decide(RoleOwner)
 	g.observe(Event{Kind: EventRole, Key: f.key, Role: RoleOwner})
 	g.leadLocal(ctx, f, 1)
+}
+
+// endLead ends the flight f: its last readers get an error if nothing served them.
+func (g *Group) endLead(ctx context.Context, f *flight) {
+	defer g.wg.Done()
+	g.mu.Lock()
+	g.forget(f)
+	g.mu.Unlock()
+	if cause := context.Cause(ctx); cause != nil {
+		f.fail(errors.Join(ErrFailed, cause))
+	} else {
+		f.fail(ErrFailed)
+	}
+	g.observe(Event{Kind: EventFlightEnd, Key: f.key})
 }
 
 // leadLocal owns f in this process alone, attempt after attempt: the in-memory mode, and

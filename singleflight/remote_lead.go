@@ -40,39 +40,69 @@ func (r *remote) serveHit(f *flight, d decision, pos *position) {
 	}
 }
 
+// leader is one local flight's way through Redis. Its state lives here rather than on a
+// goroutine's stack: while it follows an owner and nothing happens, it holds no goroutine
+// at all (see park), so ten thousand flights followed from one process cost their state,
+// not ten thousand stacks.
+type leader struct {
+	r   *remote
+	ctx context.Context
+	f   *flight
+
+	pos         position
+	last        Result // the last failed response seen, for when no attempt is left
+	failures    int    // failed attempts this flight saw (releases at shutdown excepted)
+	fresh       bool   // this flight has not yet seen an attempt of its key
+	contended   bool   // the jitter before a takeover was waited
+	reason      string // why we contend
+	decided     bool
+	streamTried bool // read the stream for a finished newer attempt
+	local       bool // a Redis command failed: serve this flight in-process
+
+	fw   *follower  // the follow in progress
+	site followSite // what the lead does when it ends
+}
+
+// followSite is why a leader follows: the end of the follow means something different.
+type followSite uint8
+
+const (
+	followOwner followSite = iota // the owner lookup or claim found
+	followNewer                   // a newer attempt that finished, read from the stream
+)
+
 // lead runs one local flight against Redis: look up, then serve a hit, follow the owner,
-// or claim and own; after a failed or expired attempt, contend again after a jitter.
-func (r *remote) lead(ctx context.Context, f *flight) {
-	g := r.g
-	var (
-		pos         position
-		last        Result // the last failed response seen, for when no attempt is left
-		failures    int    // failed attempts this flight saw (releases at shutdown excepted)
-		fresh       = true // this flight has not yet seen an attempt of its key
-		contended   bool   // the jitter before a takeover was waited
-		reason      string // why we contend
-		decided     bool
-		streamTried bool // read the stream for a finished newer attempt
-		local       bool // a Redis command failed: serve this flight in-process
-	)
-	role := func(ro Role) {
-		if !decided {
-			decided = true
-			f.decide(ro)
-			g.observe(Event{Kind: EventRole, Key: f.key, Role: ro})
-		}
+// or claim and own; after a failed or expired attempt, contend again after a jitter. It
+// reports false when the flight parked (see park): it goes on, on another goroutine, when
+// something happens, and that goroutine ends it.
+func (r *remote) lead(ctx context.Context, f *flight) bool {
+	l := &leader{r: r, ctx: ctx, f: f, fresh: true}
+	return l.run()
+}
+
+func (l *leader) role(ro Role) {
+	if !l.decided {
+		l.decided = true
+		l.f.decide(ro)
+		l.r.g.observe(Event{Kind: EventRole, Key: l.f.key, Role: ro})
 	}
-	// gaveUp reports whether the attempts are used up: by the flight's count in Redis or,
-	// when new callers keep restarting that count, by what this flight itself saw.
-	gaveUp := func(attempt int) bool {
-		return attempt >= g.opts.MaxAttempts || failures >= g.opts.MaxAttempts
-	}
+}
+
+// gaveUp reports whether the attempts are used up: by the flight's count in Redis or, when
+// new callers keep restarting that count, by what this flight itself saw.
+func (l *leader) gaveUp(attempt int) bool {
+	return attempt >= l.r.g.opts.MaxAttempts || l.failures >= l.r.g.opts.MaxAttempts
+}
+
+// run is the lead's loop; false when it parked.
+func (l *leader) run() bool {
+	r, g, f, ctx := l.r, l.r.g, l.f, l.ctx
 	for ctx.Err() == nil {
-		if local || r.degradedFor(f.key) {
+		if l.local || r.degradedFor(f.key) {
 			g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "degraded"})
-			role(RoleOwner)
-			g.leadLocal(ctx, f, failures+1)
-			return
+			l.role(RoleOwner)
+			g.leadLocal(ctx, f, l.failures+1)
+			return true
 		}
 		// A flight that has followed nothing yet offers a token: if the key is free, the
 		// lookup claims it in the same round trip.
@@ -80,12 +110,12 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			candidate string
 			err       error
 		)
-		if pos.last == "" || streamTried {
+		if l.pos.last == "" || l.streamTried {
 			candidate = r.newToken(ctx)
 		}
 		d, err := r.lookup(ctx, f.key, f.noCache, candidate, f.call)
 		if err != nil {
-			local = true
+			l.local = true
 			continue
 		}
 		var (
@@ -99,79 +129,57 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 	decide:
 		switch d.kind {
 		case "hit":
-			role(RoleHit)
-			r.serveHit(f, d, &pos)
-			return
+			l.role(RoleHit)
+			r.serveHit(f, d, &l.pos)
+			return true
 		case "follow":
-			role(RoleFollower)
-			if d.token != pos.token {
-				pos.switchTo(f, d)
+			l.role(RoleFollower)
+			if d.token != l.pos.token {
+				l.pos.switchTo(f, d)
 			}
-			end := r.follow(ctx, f, &pos, d.remaining)
-			switch end.kind {
-			case followDone:
-				return
-			case followRedisErr:
-				local = true
-				continue
-			case followLost:
-				// Take the stored answer if there is one, else call again.
-				fresh, contended, streamTried = false, true, true
-				continue
-			case followFailed:
-				last, reason = end.res, "failed"
-				if end.reason == "shutdown" {
-					reason = "shutdown"
-				} else {
-					failures++
-					if gaveUp(pos.attempt) {
-						g.deliverLastError(f, last)
-						return
-					}
-				}
-			case followExpired:
-				reason = "expired"
+			end := l.follow(followOwner, d.remaining)
+			if end.kind == followParked {
+				return false
 			}
-			fresh = false
-			if !f.canUseNewGen() || !g.jitter(ctx) {
-				return
+			if l.afterFollow(end) {
+				return true
 			}
-			contended = true
 		case "claim":
-			if d.reason == "done" && pos.last != "" && !streamTried {
+			if d.reason == "done" && l.pos.last != "" && !l.streamTried {
 				// The attempt we waited for was followed by one that already finished:
 				// its entries are in the stream after our position.
-				streamTried = true
-				switch end := r.follow(ctx, f, &pos, 0); end.kind {
-				case followDone:
-					return
-				case followRedisErr:
-					local = true
+				l.streamTried = true
+				end := l.follow(followNewer, 0)
+				if end.kind == followParked {
+					return false
+				}
+				if l.afterFollow(end) {
+					return true
 				}
 				continue
 			}
-			if (d.reason == "expired" || d.reason == "failed") && !contended {
+			if (d.reason == "expired" || d.reason == "failed") && !l.contended {
 				// Someone else's attempt ended: wait the jitter, then look again, so
 				// that of all contenders the first to wake wins and the rest follow.
-				if reason == "" {
-					reason = d.reason
+				if l.reason == "" {
+					l.reason = d.reason
 				}
 				if !g.jitter(ctx) {
-					return
+					return true
 				}
-				contended = true
+				l.contended = true
 				continue
 			}
 			token = r.newToken(ctx)
 			if g.hooks.beforeClaim != nil {
 				g.hooks.beforeClaim()
 			}
-			c, err = r.claim(ctx, f.key, token, d, fresh, f.call)
+			c, err = r.claim(ctx, f.key, token, d, l.fresh, f.call)
 			if err != nil {
-				local = true
+				l.local = true
 				continue
 			}
-			contended = false
+			l.contended = false
 			switch c.kind {
 			case "follow":
 				d = c
@@ -179,40 +187,109 @@ func (r *remote) lead(ctx context.Context, f *flight) {
 			case "changed":
 				continue
 			case "exhausted":
-				g.deliverLastError(f, last)
-				return
+				g.deliverLastError(f, l.last)
+				return true
 			}
 			goto own
 		}
 		continue
 	own:
 		{
-			role(RoleOwner)
-			if d.reason == "expired" || d.reason == "failed" || reason != "" {
-				g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: orDefault(reason, d.reason)})
+			l.role(RoleOwner)
+			if d.reason == "expired" || d.reason == "failed" || l.reason != "" {
+				g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: orDefault(l.reason, d.reason)})
 			}
-			reason, fresh = "", false
-			pos = position{token: token}
+			l.reason, l.fresh = "", false
+			l.pos = position{token: token}
 			c.token = token
 			o := newRemoteOwnership(r, f.key, c)
 			end, res, _ := g.own(ctx, f, o)
 			switch end {
 			case attemptDone:
-				return
+				return true
 			case attemptLeaseLost:
 				if !f.canUseNewGen() {
-					return // nobody here can use the new owner's answer
+					return true // nobody here can use the new owner's answer
 				}
 				continue // follow whoever owns it now
 			}
-			last = res
-			failures++
-			if ctx.Err() != nil || !g.retryAfterFailure(ctx, f, max(c.attempt, failures), last) {
-				return
+			l.last = res
+			l.failures++
+			if ctx.Err() != nil || !g.retryAfterFailure(ctx, f, max(c.attempt, l.failures), l.last) {
+				return true
 			}
-			reason, contended = "failed", true
+			l.reason, l.contended = "failed", true
 		}
 	}
+	return true
+}
+
+// follow follows the stream from l.pos until the attempt ends or the wait parks.
+func (l *leader) follow(site followSite, remaining time.Duration) followEnd {
+	l.site = site
+	fw, ok := l.r.newFollower(l, remaining)
+	if !ok {
+		return followEnd{kind: followDone} // the Group is closing
+	}
+	l.fw = fw
+	return fw.loop(evNone)
+}
+
+// resume goes on with a parked follow on the goroutine ev started, and ends the flight
+// when the lead is over.
+func (l *leader) resume(ev wakeEvent) {
+	end := l.fw.loop(ev)
+	if end.kind == followParked {
+		return
+	}
+	if l.afterFollow(end) || l.run() {
+		l.r.g.endLead(l.ctx, l.f)
+	}
+}
+
+// afterFollow acts on how a follow ended; true when the lead is over.
+func (l *leader) afterFollow(end followEnd) bool {
+	g, f := l.r.g, l.f
+	l.fw = nil
+	if l.site == followNewer {
+		switch end.kind {
+		case followDone:
+			return true
+		case followRedisErr:
+			l.local = true
+		}
+		return false
+	}
+	switch end.kind {
+	case followDone:
+		return true
+	case followRedisErr:
+		l.local = true
+		return false
+	case followLost:
+		// Take the stored answer if there is one, else call again.
+		l.fresh, l.contended, l.streamTried = false, true, true
+		return false
+	case followFailed:
+		l.last, l.reason = end.res, "failed"
+		if end.reason == "shutdown" {
+			l.reason = "shutdown"
+		} else {
+			l.failures++
+			if l.gaveUp(l.pos.attempt) {
+				g.deliverLastError(f, l.last)
+				return true
+			}
+		}
+	case followExpired:
+		l.reason = "expired"
+	}
+	l.fresh = false
+	if !f.canUseNewGen() || !g.jitter(l.ctx) {
+		return true
+	}
+	l.contended = true
+	return false
 }
 
 func orDefault(s, d string) string {
@@ -230,6 +307,7 @@ const (
 	followExpired                    // the owner's lease ran out, or its meta is gone
 	followRedisErr                   // Redis does not answer
 	followLost                       // the attempt ended, but its entries could not all be read
+	followParked                     // nothing to do until something happens: see park
 )
 
 type followEnd struct {
@@ -239,134 +317,160 @@ type followEnd struct {
 	err    error
 }
 
-// follow reads the owner's stream into f until the attempt ends. It subscribes to the
-// stream's channel first, then reads the stream from the concrete ID it last read (never
-// "$"), then takes what is pushed (see wake.go): no entry written since the lookup can be
-// missed, and no command is sent while it waits. When nothing came for a lease (the owner
-// silent, and not saying it is alive), the meta is checked again.
-func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining time.Duration) followEnd {
-	start := time.Now()
-	defer func() { r.g.observe(Event{Kind: EventWait, Key: f.key, Duration: time.Since(start)}) }()
-	k := r.keys(f.key)
-	if r.g.hooks.beforeFollow != nil {
-		r.g.hooks.beforeFollow()
-	}
-	w, err := r.wake.watch(k.stream)
-	if err != nil {
-		return followEnd{kind: followDone} // the Group is closing
-	}
-	defer w.close()
-	var alive *watch // the owner's alive channel
-	aliveOf := ""
-	defer func() {
-		if alive != nil {
-			alive.close()
-		}
-	}()
-	deadline := time.Now().Add(remaining) // when to look again: the lease's end, or sooner to re-read
-	leaseEnd := deadline                  // when the owner's lease runs out, as far as we know
-	recheck := 0
+// follower is a leader following the owner's stream into its flight until the attempt
+// ends. It subscribes to the stream's channel first, then reads the stream from the
+// concrete ID it last read (never "$"), then takes what is pushed (see wake.go): no entry
+// written since the lookup can be missed, and no command is sent while it waits. When
+// nothing came for a lease (the owner silent, and not saying it is alive), the meta is
+// checked again.
+type follower struct {
+	l      *leader
+	start  time.Time
+	stream string
+	w      *watch
 	// The owner instance's alive messages stand for this attempt only while it can still
 	// run: not once the instance said it stopped renewing it, nor past the hard timeout
 	// any attempt has (counted from the last look, which found it running).
+	alive      *watch // the owner's alive channel
+	aliveOf    string
+	deadline   time.Time // when to look again: the lease's end, or sooner to re-read
+	leaseEnd   time.Time // when the owner's lease runs out, as far as we know
+	recheck    int
+	read       bool // read the stream before waiting
+	polling    bool // the wait is a poll while the pub/sub connection is down
+	trustFor   string
+	trustUntil time.Time
+}
+
+func (r *remote) newFollower(l *leader, remaining time.Duration) (*follower, bool) {
+	if r.g.hooks.beforeFollow != nil {
+		r.g.hooks.beforeFollow()
+	}
+	fw := &follower{l: l, start: time.Now(), stream: r.keys(l.f.key).stream}
+	w, err := r.wake.watch(fw.stream)
+	if err != nil {
+		r.g.observe(Event{Kind: EventWait, Key: l.f.key})
+		return nil, false
+	}
+	fw.w = w
+	fw.deadline = time.Now().Add(remaining)
+	fw.leaseEnd = fw.deadline
 	// Read the stream at once, as the subscription is made: what is already there is not
 	// kept waiting for the confirmation, which then makes the follower read once more.
-	read := true
-	var (
-		trustFor   string
-		trustUntil time.Time
-	)
-	trust := func() { trustFor, trustUntil = pos.token, time.Now().Add(r.g.opts.Timeout+r.g.opts.LeaseTTL) }
-	trust()
-	// look looks the flight up (see recheck). A look that found another attempt trusts its
-	// owner anew; one that found this attempt still running, after its owner said it
-	// stopped renewing it, waits for its lease alone.
-	look := func() (followEnd, bool) {
-		if end, done := r.recheck(ctx, f, pos, &deadline, &leaseEnd, &recheck, &read); done {
-			return end, true
-		}
-		if pos.token != trustFor || !trustUntil.IsZero() {
-			trust()
-		}
-		return followEnd{}, false
+	fw.read = true
+	fw.trust()
+	return fw, true
+}
+
+func (fw *follower) trust() {
+	fw.trustFor, fw.trustUntil = fw.l.pos.token, time.Now().Add(fw.l.r.g.opts.Timeout+fw.l.r.g.opts.LeaseTTL)
+}
+
+// look looks the flight up (see recheck). A look that found another attempt trusts its
+// owner anew; one that found this attempt still running, after its owner said it stopped
+// renewing it, waits for its lease alone.
+func (fw *follower) look() (followEnd, bool) {
+	if end, done := fw.l.r.recheck(fw.l.ctx, fw.l.f, &fw.l.pos, &fw.deadline, &fw.leaseEnd, &fw.recheck, &fw.read); done {
+		return end, true
 	}
-	timer := time.NewTimer(time.Until(deadline))
-	defer timer.Stop()
+	if fw.l.pos.token != fw.trustFor || !fw.trustUntil.IsZero() {
+		fw.trust()
+	}
+	return followEnd{}, false
+}
+
+// end closes the follow.
+func (fw *follower) end(e followEnd) followEnd {
+	fw.w.close()
+	if fw.alive != nil {
+		fw.alive.close()
+	}
+	fw.l.r.g.observe(Event{Kind: EventWait, Key: fw.l.f.key, Duration: time.Since(fw.start)})
+	return e
+}
+
+// loop follows until the attempt ends, or until it has to wait: then it parks and
+// returns followParked. ev is what woke a parked follower (evNone on the first call).
+func (fw *follower) loop(ev wakeEvent) followEnd {
+	l := fw.l
+	r, g, f, pos, ctx := l.r, l.r.g, l.f, &l.pos, l.ctx
 	for {
-		// The owner's alive messages extend the wait; follow the current owner's.
-		if inst := tokenInstance(pos.token); inst != aliveOf {
-			if alive != nil {
-				alive.close()
-				alive = nil
+		if ev == evNone {
+			// The owner's alive messages extend the wait; follow the current owner's.
+			if inst := tokenInstance(pos.token); inst != fw.aliveOf {
+				if fw.alive != nil {
+					fw.alive.close()
+					fw.alive = nil
+				}
+				fw.aliveOf = inst
+				if inst != "" {
+					fw.alive, _ = r.wake.watch(r.wake.aliveChannel(inst)) // nil: the meta is looked up
+				}
 			}
-			aliveOf = inst
-			if inst != "" {
-				alive, _ = r.wake.watch(r.wake.aliveChannel(inst)) // nil: the meta is looked up
+			if !fw.read {
+				wait := max(time.Until(fw.deadline), 0)
+				if r.recheckEvery > 0 {
+					wait = min(wait, r.recheckEvery)
+				}
+				// While the pub/sub connection is down (in a Cluster it is on one node,
+				// which may be the failing one while this flight's shard is fine), poll
+				// the stream: whether the flight's own shard answers, the reads tell.
+				fw.polling = r.wake.down.Load() && wait > pollEvery
+				if fw.polling {
+					wait = pollEvery
+				}
+				if ev = fw.ready(wait); ev == evNone {
+					fw.park(wait)
+					return followEnd{kind: followParked}
+				}
 			}
 		}
-		var aliveC <-chan struct{}
-		if alive != nil {
-			aliveC = alive.notify
-		}
-		if !read {
-			wait := max(time.Until(deadline), 0)
-			if r.recheckEvery > 0 {
-				wait = min(wait, r.recheckEvery)
+		switch ev {
+		case evCtx:
+			return fw.end(followEnd{kind: followDone})
+		case evAlive:
+			ev = evNone
+			_, said, _ := fw.alive.take()
+			if pos.token != fw.trustFor {
+				fw.trust()
 			}
-			// While the pub/sub connection is down (in a Cluster it is on one node, which
-			// may be the failing one while this flight's shard is fine), poll the stream:
-			// whether the flight's own shard answers, the reads tell.
-			polling := r.wake.down.Load() && wait > pollEvery
-			if polling {
-				wait = pollEvery
-			}
-			timer.Reset(wait)
-			select {
-			case <-ctx.Done():
-				return followEnd{kind: followDone}
-			case <-aliveC:
-				_, said, _ := alive.take()
-				if pos.token != trustFor {
-					trust()
-				}
-				if slices.Contains(alive.takeGone(), pos.token) {
-					trustUntil = time.Time{} // its owner no longer renews it: look it up now
-					deadline = time.Now()
-					continue
-				}
-				if end := time.Now().Add(r.g.opts.LeaseTTL); said && end.Before(trustUntil) {
-					leaseEnd = end
-					deadline, recheck = leaseEnd, 0
-				}
-				continue
-			case <-w.notify:
-			case <-timer.C:
-				if polling {
-					read = true
-					break
-				}
-				if r.g.hooks.readGap != nil {
-					r.g.hooks.readGap()
-				}
-				if end, done := look(); done {
-					return end
-				}
+			if slices.Contains(fw.alive.takeGone(), pos.token) {
+				fw.trustUntil = time.Time{} // its owner no longer renews it: look it up now
+				fw.deadline = time.Now()
 				continue
 			}
+			if end := time.Now().Add(g.opts.LeaseTTL); said && end.Before(fw.trustUntil) {
+				fw.leaseEnd = end
+				fw.deadline, fw.recheck = fw.leaseEnd, 0
+			}
+			continue
+		case evTimer:
+			ev = evNone
+			if !fw.polling {
+				if g.hooks.readGap != nil {
+					g.hooks.readGap()
+				}
+				if end, done := fw.look(); done {
+					return fw.end(end)
+				}
+				continue
+			}
+			fw.read = true
 		}
-		resync, _, pushed := w.take()
+		ev = evNone
+		resync, _, pushed := fw.w.take()
 		var stored []redis.XMessage
-		if resync || read {
-			read = false
+		if resync || fw.read {
+			fw.read = false
 			var err error
-			stored, err = r.readAfter(ctx, k.stream, pos.last)
+			stored, err = r.readAfter(ctx, fw.stream, pos.last)
 			if ctx.Err() != nil {
-				return followEnd{kind: followDone}
+				return fw.end(followEnd{kind: followDone})
 			}
 			if err != nil {
 				r.redisErr("xread", f.key, err) // e.g. a failover: check again
-				if end, done := look(); done {
-					return end
+				if end, done := fw.look(); done {
+					return fw.end(end)
 				}
 				continue
 			}
@@ -381,22 +485,22 @@ func (r *remote) follow(ctx context.Context, f *flight, pos *position, remaining
 			}
 			if t := val(m, "t"); i >= len(stored) && t != "gen" && val(m, "tok") == pos.token && !pos.lost {
 				if n, _ := strconv.Atoi(val(m, "n")); n != pos.n {
-					read = true
+					fw.read = true
 					break
 				}
 			}
 			got = true
 			if end, ok := r.apply(f, pos, m); ok {
-				return end
+				return fw.end(end)
 			}
 		}
 		if got {
-			if r.g.hooks.afterEntries != nil {
-				r.g.hooks.afterEntries()
+			if g.hooks.afterEntries != nil {
+				g.hooks.afterEntries()
 			}
 			// The owner is alive and writing.
-			leaseEnd = time.Now().Add(r.g.opts.LeaseTTL)
-			deadline, recheck = leaseEnd, 0
+			fw.leaseEnd = time.Now().Add(g.opts.LeaseTTL)
+			fw.deadline, fw.recheck = fw.leaseEnd, 0
 		}
 	}
 }

@@ -51,6 +51,7 @@ type watch struct {
 	resync bool             // (re)subscribed, or the connection broke: read the stream
 	alive  bool             // the owner said it is alive
 	gone   []string         // tokens the owner said it no longer renews
+	hook   func()           // a parked follower's wake-up (see park)
 }
 
 // listener is what a channel subscribed for the Group's life does with what comes: each
@@ -273,6 +274,19 @@ func (w *watch) wake() {
 	case w.notify <- struct{}{}:
 	default:
 	}
+	w.mu.Lock()
+	hook := w.hook
+	w.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+}
+
+// setHook sets (or, with nil, clears) what wakes a parked follower of w.
+func (w *watch) setHook(fn func()) {
+	w.mu.Lock()
+	w.hook = fn
+	w.mu.Unlock()
 }
 
 // take returns what was pushed since the last take: whether the stream must be read

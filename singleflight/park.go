@@ -1,0 +1,115 @@
+package singleflight
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A follower waiting for its owner parks: rather than block a goroutine in a select, it
+// hooks itself to what can wake it — its stream's watch, its owner's alive watch, a timer
+// for its deadline, its flight's context — and its goroutine returns. The first of them
+// to fire starts a goroutine that unhooks the rest and resumes the leader where it left
+// off (leader.resume). A follower that streams goes through this once per batch pushed; a
+// follower waiting on a long call holds its state, not a stack.
+
+// wakeEvent is what ended a follower's wait.
+type wakeEvent uint8
+
+const (
+	evNone   wakeEvent = iota
+	evCtx              // the flight's context ended
+	evAlive            // the owner's instance said it is alive
+	evNotify           // entries were pushed, or the stream must be read
+	evTimer            // the deadline (or the poll interval) passed
+)
+
+// ready returns what is there to act on without waiting, or evNone. A wait of zero is a
+// deadline that has passed.
+func (fw *follower) ready(wait time.Duration) wakeEvent {
+	if fw.l.ctx.Err() != nil {
+		return evCtx
+	}
+	if fw.alive != nil {
+		select {
+		case <-fw.alive.notify:
+			return evAlive
+		default:
+		}
+	}
+	select {
+	case <-fw.w.notify:
+		return evNotify
+	default:
+	}
+	if wait <= 0 {
+		return evTimer
+	}
+	return evNone
+}
+
+// parking is one wait of a parked follower.
+type parking struct {
+	fw    *follower
+	fired atomic.Bool
+
+	mu      sync.Mutex // held while the hooks are set, so that a wake-up finds them all
+	w       *watch
+	alive   *watch
+	timer   *time.Timer
+	stopCtx func() bool
+}
+
+// park hooks fw to what can wake it for at most wait.
+func (fw *follower) park(wait time.Duration) {
+	p := &parking{fw: fw, w: fw.w, alive: fw.alive}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.w.setHook(func() { p.fire(evNotify) })
+	if p.alive != nil {
+		p.alive.setHook(func() { p.fire(evAlive) })
+	}
+	p.timer = time.AfterFunc(wait, func() { p.fire(evTimer) })
+	p.stopCtx = context.AfterFunc(fw.l.ctx, func() { p.fire(evCtx) })
+	// A wake-up between ready and the hooks left its mark on the channel.
+	if len(p.w.notify) > 0 {
+		p.fire(evNotify)
+	} else if p.alive != nil && len(p.alive.notify) > 0 {
+		p.fire(evAlive)
+	}
+}
+
+// fire resumes the follower, once per parking.
+func (p *parking) fire(ev wakeEvent) {
+	if p.fired.Swap(true) {
+		return
+	}
+	go p.resume(ev)
+}
+
+func (p *parking) resume(ev wakeEvent) {
+	p.mu.Lock()
+	p.w.setHook(nil)
+	if p.alive != nil {
+		p.alive.setHook(nil)
+	}
+	p.timer.Stop()
+	p.stopCtx()
+	p.mu.Unlock()
+	// The wake-up's mark is taken as ready would have taken it.
+	switch ev {
+	case evNotify:
+		takeMark(p.w.notify)
+	case evAlive:
+		takeMark(p.alive.notify)
+	}
+	p.fw.l.resume(ev)
+}
+
+func takeMark(c chan struct{}) {
+	select {
+	case <-c:
+	default:
+	}
+}
