@@ -206,6 +206,8 @@ type hooks struct {
 	readGap      func()                    // a follower's read found nothing (or failed), before it looks again
 	afterEntries func()                    // a follower applied one read's entries, before its next read
 	beforeClaim  func()                    // a contender is about to run claim.lua
+	aliveHeard   func()                    // the hub heard an alive message
+	resumed      func()                    // a parked follower was woken
 }
 
 type storedResult struct {

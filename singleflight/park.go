@@ -89,6 +89,9 @@ func (p *parking) fire(ev wakeEvent) {
 }
 
 func (p *parking) resume(ev wakeEvent) {
+	if h := p.fw.l.r.g.hooks.resumed; h != nil {
+		h()
+	}
 	p.mu.Lock()
 	p.w.setHook(nil)
 	if p.alive != nil {

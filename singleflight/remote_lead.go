@@ -366,10 +366,36 @@ func (fw *follower) trust() {
 	fw.trustFor, fw.trustUntil = fw.l.pos.token, time.Now().Add(fw.l.r.g.opts.Timeout+fw.l.r.g.opts.LeaseTTL)
 }
 
+// lookAt is when the follower looks its flight up unless something comes: its deadline,
+// or later while its owner's instance keeps saying it is alive (and is trusted to). byAlive
+// says the alive messages set it: then no timer is needed for it, as the hub wakes the
+// follower when they stop.
+func (fw *follower) lookAt() (at time.Time, byAlive bool) {
+	at = fw.deadline
+	if fw.l.pos.token != fw.trustFor {
+		fw.trust() // a new owner: trusted anew
+	}
+	if fw.alive == nil || fw.trustUntil.IsZero() {
+		return at, false
+	}
+	until := fw.l.r.wake.aliveUntil(fw.alive.channel)
+	ext := until
+	if fw.trustUntil.Before(ext) {
+		ext = fw.trustUntil
+	}
+	if ext.After(at) {
+		return ext, until.Before(fw.trustUntil)
+	}
+	return at, false
+}
+
 // look looks the flight up (see recheck). A look that found another attempt trusts its
 // owner anew; one that found this attempt still running, after its owner said it stopped
 // renewing it, waits for its lease alone.
 func (fw *follower) look() (followEnd, bool) {
+	if at, _ := fw.lookAt(); at.After(fw.leaseEnd) {
+		fw.leaseEnd = at // the owner said it is alive: its lease runs that long
+	}
 	if end, done := fw.l.r.recheck(fw.l.ctx, fw.l.f, &fw.l.pos, &fw.deadline, &fw.leaseEnd, &fw.recheck, &fw.read); done {
 		return end, true
 	}
@@ -408,7 +434,11 @@ func (fw *follower) loop(ev wakeEvent) followEnd {
 				}
 			}
 			if !fw.read {
-				wait := max(time.Until(fw.deadline), 0)
+				at, byAlive := fw.lookAt()
+				if byAlive {
+					at = fw.trustUntil // the hub wakes us if the alive messages stop
+				}
+				wait := max(time.Until(at), 0)
 				if r.recheckEvery > 0 {
 					wait = min(wait, r.recheckEvery)
 				}
@@ -429,23 +459,23 @@ func (fw *follower) loop(ev wakeEvent) followEnd {
 		case evCtx:
 			return fw.end(followEnd{kind: followDone})
 		case evAlive:
+			// The owner's instance fell silent, or named tokens it stopped renewing; the
+			// wait is worked out again at the top.
 			ev = evNone
-			_, said, _ := fw.alive.take()
 			if pos.token != fw.trustFor {
 				fw.trust()
 			}
 			if slices.Contains(fw.alive.takeGone(), pos.token) {
 				fw.trustUntil = time.Time{} // its owner no longer renews it: look it up now
 				fw.deadline = time.Now()
-				continue
-			}
-			if end := time.Now().Add(g.opts.LeaseTTL); said && end.Before(fw.trustUntil) {
-				fw.leaseEnd = end
-				fw.deadline, fw.recheck = fw.leaseEnd, 0
 			}
 			continue
 		case evTimer:
 			ev = evNone
+			if at, _ := fw.lookAt(); !fw.polling && time.Until(at) > 0 && r.recheckEvery == 0 {
+				fw.recheck = 0 // the owner said it is alive since the wait began
+				continue
+			}
 			if !fw.polling {
 				if g.hooks.readGap != nil {
 					g.hooks.readGap()
@@ -458,7 +488,7 @@ func (fw *follower) loop(ev wakeEvent) followEnd {
 			fw.read = true
 		}
 		ev = evNone
-		resync, _, pushed := fw.w.take()
+		resync, pushed := fw.w.take()
 		var stored []redis.XMessage
 		if resync || fw.read {
 			fw.read = false

@@ -20,8 +20,9 @@ import (
 // message. Redis confirms every subscription again after go-redis reconnects the
 // connection, and every confirmation makes the followers of that channel read the stream
 // again, so messages lost with a connection are read from the stream. Owners also publish,
-// once per heartbeat, that they are alive (aliveChannel): a follower extends its wait by a
-// lease on each, and looks the flight up only when its owner has fallen silent.
+// once per heartbeat, that they are alive (aliveChannel): the process records when it last
+// heard each owner instance (aliveState), its followers wait as long as that keeps coming,
+// and are woken to look their flights up only when a lease passed without it.
 //
 // The same connection carries the channels a Group listens to for as long as it lives
 // (listen), such as purges: one pub/sub connection per process in all.
@@ -38,6 +39,16 @@ type wakeHub struct {
 	dirty      map[string]bool     // channels whose watchers changed since the sender looked
 	flush      chan struct{}       // has room for one: dirty has channels
 	down       atomic.Bool         // the connection failed and has not delivered since
+	alive      map[string]*aliveState
+}
+
+// aliveState is what a process heard on one owner instance's alive channel. A message
+// moves until, and nobody is woken: a thousand followers of one live owner cost nothing
+// while it renews. When a lease passes without one, silent wakes every watcher of the
+// channel; so do tokens the owner says it stopped renewing.
+type aliveState struct {
+	until  time.Time // a lease after the last alive message
+	silent *time.Timer
 }
 
 // watch is one follower's subscription to a channel: the messages it has not taken yet.
@@ -49,7 +60,6 @@ type watch struct {
 	mu     sync.Mutex
 	queue  []redis.XMessage // entries pushed, in order
 	resync bool             // (re)subscribed, or the connection broke: read the stream
-	alive  bool             // the owner said it is alive
 	gone   []string         // tokens the owner said it no longer renews
 	hook   func()           // a parked follower's wake-up (see park)
 }
@@ -64,7 +74,8 @@ type listener struct {
 
 func newWakeHub(r *remote) *wakeHub {
 	return &wakeHub{r: r, watches: map[string][]*watch{}, listeners: map[string]listener{},
-		subscribed: map[string]bool{}, dirty: map[string]bool{}, flush: make(chan struct{}, 1)}
+		subscribed: map[string]bool{}, dirty: map[string]bool{}, flush: make(chan struct{}, 1),
+		alive: map[string]*aliveState{}}
 }
 
 // listen subscribes channel for as long as the Group lives.
@@ -230,8 +241,7 @@ func (h *wakeHub) receive(ps *redis.PubSub) {
 				continue
 			}
 			if strings.HasPrefix(m.Channel, h.r.g.opts.KeyPrefix+":alive:") {
-				gone := strings.Fields(m.Payload)
-				h.each(m.Channel, func(w *watch) { w.mu.Lock(); w.alive, w.gone = true, append(w.gone, gone...); w.mu.Unlock() })
+				h.heard(m.Channel, strings.Fields(m.Payload))
 				continue
 			}
 			e, ok := decodeEntry(m.Payload)
@@ -242,6 +252,40 @@ func (h *wakeHub) receive(ps *redis.PubSub) {
 			h.each(m.Channel, func(w *watch) { w.mu.Lock(); w.queue = append(w.queue, e); w.mu.Unlock() })
 		}
 	}
+}
+
+// heard records an alive message on channel; the tokens gone wake its watchers.
+func (h *wakeHub) heard(channel string, gone []string) {
+	lease := h.r.g.opts.LeaseTTL
+	h.mu.Lock()
+	if len(h.watches[channel]) > 0 {
+		st := h.alive[channel]
+		if st == nil {
+			st = &aliveState{}
+			st.silent = time.AfterFunc(lease, func() { h.each(channel, func(*watch) {}) })
+			h.alive[channel] = st
+		} else {
+			st.silent.Reset(lease)
+		}
+		st.until = time.Now().Add(lease)
+	}
+	h.mu.Unlock()
+	if len(gone) > 0 {
+		h.each(channel, func(w *watch) { w.mu.Lock(); w.gone = append(w.gone, gone...); w.mu.Unlock() })
+	}
+	if h.r.g.hooks.aliveHeard != nil {
+		h.r.g.hooks.aliveHeard()
+	}
+}
+
+// aliveUntil is a lease after the last alive message heard on channel, or zero.
+func (h *wakeHub) aliveUntil(channel string) time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if st := h.alive[channel]; st != nil {
+		return st.until
+	}
+	return time.Time{}
 }
 
 // all runs fn on every watcher, then wakes it.
@@ -290,13 +334,13 @@ func (w *watch) setHook(fn func()) {
 }
 
 // take returns what was pushed since the last take: whether the stream must be read
-// first, whether the owner said it is alive, and the entries pushed.
-func (w *watch) take() (resync, alive bool, entries []redis.XMessage) {
+// first, and the entries pushed.
+func (w *watch) take() (resync bool, entries []redis.XMessage) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	resync, alive, entries = w.resync, w.alive, w.queue
-	w.resync, w.alive, w.queue = false, false, nil
-	return resync, alive, entries
+	resync, entries = w.resync, w.queue
+	w.resync, w.queue = false, nil
+	return resync, entries
 }
 
 // takeGone returns the tokens the owner said it stopped renewing since the last take.
@@ -325,6 +369,10 @@ func (w *watch) close() {
 		return
 	}
 	delete(h.watches, w.channel)
+	if st := h.alive[w.channel]; st != nil {
+		st.silent.Stop()
+		delete(h.alive, w.channel)
+	}
 	h.dirty[w.channel] = true // unsubscribed by the sender; a message meanwhile finds no watcher
 	h.mu.Unlock()
 	h.kick()
