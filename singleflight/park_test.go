@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
@@ -133,5 +135,49 @@ func TestAliveMessagesWakeNoFollower(t *testing.T) {
 	}
 	if c := rp.calls.Load(); c != n {
 		t.Fatalf("%d upstream calls for %d keys", c, n)
+	}
+}
+
+// xreadCounter counts the XREADs a client sends.
+type xreadCounter struct{ n atomic.Int64 }
+
+func (c *xreadCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *xreadCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "xread" {
+			c.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (c *xreadCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestFollowerOfUnaryFlightReadsOnce: a follower that joins a flight with nothing streamed
+// yet reads the stream once, when its subscription is confirmed; the answer is pushed.
+func TestFollowerOfUnaryFlightReadsOnce(t *testing.T) {
+	b := backend{name: "redis", redis: redistest.Start(t)}
+	owner := b.group(t, Options{})
+	fc := b.redis.Client()
+	xr := &xreadCounter{}
+	fc.AddHook(xr)
+	follower := New(Options{Redis: fc})
+	t.Cleanup(func() { follower.Close(context.Background()) })
+	key := uniqueKey()
+	rp := newReply(`{"answer":42}`)
+	wait := doAll(t, owner, key, 1, rp.fn)
+	waitCond(t, 10*time.Second, "owner running", func() bool { return owner.Owned() == 1 })
+	wait2 := doAll(t, follower, key, 1, rp.fn)
+	waitCond(t, 10*time.Second, "following", func() bool { return follower.flightRole(key) == RoleFollower })
+	waitCond(t, 10*time.Second, "subscription confirmed and read", func() bool { return xr.n.Load() >= 1 })
+	rp.release()
+	for _, o := range append(wait(), wait2()...) {
+		if o.err != nil || o.body != rp.body {
+			t.Fatalf("got %+v", o)
+		}
+	}
+	if n := xr.n.Load(); n != 1 {
+		t.Fatalf("the follower sent %d XREADs; want 1", n)
 	}
 }

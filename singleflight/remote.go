@@ -106,6 +106,7 @@ type decision struct {
 	remaining time.Duration
 	gen       string // stream ID of the generation's first entry
 	attempt   int
+	batches   int    // follow: batches the owner appended so far (-1: not known)
 	until     int64  // owner: lease_until, Redis time in ms
 	reason    string // claim: absent, expired, failed, done
 	head      Head   // hit
@@ -137,6 +138,10 @@ func (r *remote) lookup(ctx context.Context, key string, noCache bool, candidate
 		}
 	case "follow":
 		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
+		d.batches = -1
+		if len(v) > 5 {
+			d.batches = int(num(v, 5))
+		}
 	case "claim":
 		d.token, d.attempt, d.reason, d.gen = str(v, 1), int(num(v, 2)), str(v, 3), str(v, 4)
 	case "owner":

@@ -137,7 +137,11 @@ func (l *leader) run() bool {
 			if d.token != l.pos.token {
 				l.pos.switchTo(f, d)
 			}
-			end := l.follow(followOwner, d.remaining)
+			// Nothing after the generation's first entry yet (a unary answer, or a stream
+			// before its first batch): the read Redis's confirmation of the subscription
+			// brings is the only one needed.
+			empty := d.batches == 0 && l.pos.last == d.gen
+			end := l.follow(followOwner, d.remaining, !empty)
 			if end.kind == followParked {
 				return false
 			}
@@ -149,7 +153,7 @@ func (l *leader) run() bool {
 				// The attempt we waited for was followed by one that already finished:
 				// its entries are in the stream after our position.
 				l.streamTried = true
-				end := l.follow(followNewer, 0)
+				end := l.follow(followNewer, 0, true)
 				if end.kind == followParked {
 					return false
 				}
@@ -225,9 +229,9 @@ func (l *leader) run() bool {
 }
 
 // follow follows the stream from l.pos until the attempt ends or the wait parks.
-func (l *leader) follow(site followSite, remaining time.Duration) followEnd {
+func (l *leader) follow(site followSite, remaining time.Duration, readNow bool) followEnd {
 	l.site = site
-	fw, ok := l.r.newFollower(l, remaining)
+	fw, ok := l.r.newFollower(l, remaining, readNow)
 	if !ok {
 		return followEnd{kind: followDone} // the Group is closing
 	}
@@ -342,7 +346,7 @@ type follower struct {
 	trustUntil time.Time
 }
 
-func (r *remote) newFollower(l *leader, remaining time.Duration) (*follower, bool) {
+func (r *remote) newFollower(l *leader, remaining time.Duration, readNow bool) (*follower, bool) {
 	if r.g.hooks.beforeFollow != nil {
 		r.g.hooks.beforeFollow()
 	}
@@ -357,7 +361,7 @@ func (r *remote) newFollower(l *leader, remaining time.Duration) (*follower, boo
 	fw.leaseEnd = fw.deadline
 	// Read the stream at once, as the subscription is made: what is already there is not
 	// kept waiting for the confirmation, which then makes the follower read once more.
-	fw.read = true
+	fw.read = readNow
 	fw.trust()
 	return fw, true
 }

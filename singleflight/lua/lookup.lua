@@ -9,7 +9,7 @@
 -- ARGV[8] route  ARGV[9] model   (shown by the flights listing; written when claiming)
 -- returns {"hit", status, header, body, age_ms, token, ttl_left_ms}   token: of the attempt that stored it
 --      or {"owner", attempt, gen_id, lease_until}            claimed with the candidate
---      or {"follow", token, lease_remaining_ms, gen_id, attempt}
+--      or {"follow", token, lease_remaining_ms, gen_id, attempt, batches}   batches: appended so far
 --      or {"claim", seen_token, attempt, reason, gen_id}     reason: absent | expired | failed | done
 -- Safe to run twice: a repeated lookup with my own candidate answers "owner" again.
 local t = redis.call('TIME')
@@ -23,7 +23,7 @@ if ARGV[1] ~= '1' then
   end
 end
 
-local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until', 'attempt', 'gen')
+local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until', 'attempt', 'gen', 'n')
 local cand = ARGV[2]
 if cand ~= '' and m[2] == cand then
   return {'owner', tonumber(m[4]), m[5], tonumber(m[3])}
@@ -47,7 +47,7 @@ local attempt = tonumber(m[4]) or 0
 if m[1] == 'R' then
   local rem = tonumber(m[3]) - now
   if rem > 0 then
-    return {'follow', m[2], rem, m[5], attempt}
+    return {'follow', m[2], rem, m[5], attempt, tonumber(m[6]) or -1}
   end
   return {'claim', m[2], attempt, 'expired', m[5]}
 end
