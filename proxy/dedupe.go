@@ -122,9 +122,19 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 		h.Set("X-Accel-Buffering", "no")
 	}
 	w.WriteHeader(head.Status)
-	tail := newTail(sse)
+	// A follower or a hit counts the tokens it saved, from the usage its answer reports:
+	// a stored answer's was read when it was kept (see AnnotateUsage); else it is read
+	// from the end of the bytes sent.
+	counted := (role == singleflight.RoleFollower || role == singleflight.RoleHit) && head.Status/100 == 2
+	note, noted := head.Note.(usageNote)
+	var tail *tail
+	if counted && !noted {
+		tail = newTail(sse)
+	}
 	write := func(c []byte) bool {
-		tail.add(c)
+		if tail != nil {
+			tail.add(c)
+		}
 		if _, err := w.Write(c); err != nil {
 			return false
 		}
@@ -157,9 +167,11 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 			}
 		}
 	}
-	if ok && (role == singleflight.RoleFollower || role == singleflight.RoleHit) && head.Status/100 == 2 {
-		prompt, completion := tail.usage()
-		p.cfg.Recorder.Saved(route, req.Model, prompt, completion)
+	if ok && counted {
+		if tail != nil {
+			note.prompt, note.completion = tail.usage()
+		}
+		p.cfg.Recorder.Saved(route, req.Model, note.prompt, note.completion)
 	}
 }
 

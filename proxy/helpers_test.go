@@ -52,6 +52,9 @@ type setup struct {
 	base   string            // upstream base URL; default the fake's URL
 	flight singleflight.Options
 	proxy  func(*proxy.Config)
+	// noAnnotate leaves out the wiring's Annotate, so that hits read their usage from
+	// the bytes they were sent.
+	noAnnotate bool
 }
 
 func newInstance(t testing.TB, up *upstream, s setup) *instance {
@@ -62,6 +65,9 @@ func newInstance(t testing.TB, up *upstream, s setup) *instance {
 	o.Observer = m
 	if s.flight.Observer != nil {
 		o.Observer = tee{m, s.flight.Observer}
+	}
+	if o.Annotate == nil && !s.noAnnotate {
+		o.Annotate = proxy.AnnotateUsage // as cmd wires it
 	}
 	if o.TakeoverJitter == 0 {
 		o.TakeoverJitter = 20 * time.Millisecond

@@ -59,6 +59,9 @@ func (r Role) String() string {
 type Head struct {
 	Status int
 	Header map[string][]string
+	// Note is what Options.Annotate made of a stored answer, given with it to its hits
+	// served from this process's store; nil otherwise. It never leaves the process.
+	Note any
 }
 
 // Outcome says what may be done with a response.
@@ -128,6 +131,12 @@ type Options struct {
 	MemoryMaxBytes int64
 	// Observer receives the package's events. If nil, they are dropped.
 	Observer Observer
+	// Annotate, if set, is called once for each answer kept in this process (made here or
+	// read from Redis), outside the Group's locks, and what it returns is given with the
+	// answer to each hit served from this process's store as Head.Note: what every hit
+	// would work out from the body is worked out once. The hit that read the answer from
+	// Redis gets no Note, and neither do owners and followers. If nil, hits get no Note.
+	Annotate func(h Head, body []byte) any
 	// InstanceID names this process in tokens and meta. If empty, a random one is used.
 	InstanceID string
 	// MaxResultTTL is the longest TTL any Result asks for: a namespace's generation is

@@ -2,6 +2,8 @@ package singleflight
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -99,4 +101,46 @@ func roleEvents(r *recorder, role Role) int {
 		}
 	}
 	return n
+}
+
+// TestAnnotateOncePerStoredAnswer: Options.Annotate runs once for an answer kept in the
+// process, whether made here or, with Redis, read from it by another instance, and each
+// hit served from the process's store gets what it made as Head.Note; the owner gets none,
+// and neither does the hit that read the answer from Redis.
+func TestAnnotateOncePerStoredAnswer(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			var calls atomic.Int64
+			o := Options{ResultTTL: time.Minute, Annotate: func(h Head, body []byte) any {
+				calls.Add(1)
+				return fmt.Sprintf("%d %s", h.Status, body)
+			}}
+			g := b.group(t, o)
+			key := uniqueKey()
+			rp := newReply("x")
+			rp.release()
+			if o := doAll(t, g, key, 1, rp.fn)()[0]; o.role != RoleOwner || o.head.Note != nil {
+				t.Fatalf("owner: role %v, note %v; want owner, no note", o.role, o.head.Note)
+			}
+			groups := []*Group{g}
+			if b.redis != nil {
+				groups = append(groups, b.group(t, o)) // reads the answer from Redis
+			}
+			for i, g := range groups {
+				if i > 0 { // reads it from Redis
+					if o := doAll(t, g, key, 1, rp.fn)()[0]; o.role != RoleHit {
+						t.Fatalf("hit read from Redis: role %v; want hit", o.role)
+					}
+				}
+				for range 3 {
+					if o := doAll(t, g, key, 1, rp.fn)()[0]; o.role != RoleHit || o.head.Note != "200 x" {
+						t.Fatalf("hit: role %v, note %v; want hit, %q", o.role, o.head.Note, "200 x")
+					}
+				}
+			}
+			if got := calls.Load(); got != int64(len(groups)) {
+				t.Fatalf("Annotate ran %d times; want once per process (%d)", got, len(groups))
+			}
+		})
+	}
 }

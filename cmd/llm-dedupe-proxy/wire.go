@@ -75,6 +75,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		MaxResultTTL:      maxTTL,
 		MemoryMaxBytes:    cfg.Flight.MemoryMaxBytes,
 		Observer:          &logObserver{next: m, log: logger},
+		Annotate:          proxy.AnnotateUsage,
 	}
 	var clients []redis.UniversalClient
 	if len(cfg.Redis.Addrs) > 0 {
