@@ -43,10 +43,15 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 // hasDotSegment reports whether path (decoded: %2e%2e and %2f are already "." and "/")
 // has a "." or ".." segment, with "\" also taken as a separator, as some servers do.
 func hasDotSegment(path string) bool {
-	for _, seg := range strings.FieldsFunc(path, func(c rune) bool { return c == '/' || c == '\\' }) {
+	for path != "" {
+		seg, rest := path, ""
+		if i := strings.IndexAny(path, `/\`); i >= 0 {
+			seg, rest = path[:i], path[i+1:]
+		}
 		if seg == "." || seg == ".." {
 			return true
 		}
+		path = rest
 	}
 	return false
 }
