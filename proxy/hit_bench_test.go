@@ -66,6 +66,7 @@ func BenchmarkHitPath(b *testing.B) {
 			in := newInstance(b, up, s.s)
 			body := rewindBody{bytes.NewReader([]byte(hitBody))}
 			req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", body)
+			req.ContentLength = int64(len(hitBody)) // as clients send it
 			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set("Authorization", "Bearer sk-bench")
 			w := &discardWriter{h: http.Header{}}
