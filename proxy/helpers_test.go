@@ -84,7 +84,7 @@ func newInstance(t testing.TB, up *upstream, s setup) *instance {
 	cfg := proxy.Config{
 		Upstream: target,
 		Flights:  g,
-		Hasher:   hashing.New(hashing.Options{IgnoreFields: []string{"user"}}),
+		Hasher:   hashing.New(hashing.Options{IgnoreFields: []string{"user"}, SkipCanonical: true}),
 		Recorder: m,
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}

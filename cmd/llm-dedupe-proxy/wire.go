@@ -101,7 +101,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		MaxResponseBytes: cfg.Limits.MaxResponseBytes,
 		Paths:            cfg.Dedupe.Paths,
 		Flights:          group,
-		Hasher:           hashing.New(hashing.Options{Scope: scope, IgnoreFields: cfg.Hashing.IgnoreFields}),
+		Hasher:           hashing.New(hashing.Options{Scope: scope, IgnoreFields: cfg.Hashing.IgnoreFields, SkipCanonical: true}),
 		Recorder:         m,
 		Metrics:          promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 		Logger:           logger,
