@@ -9,12 +9,10 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 )
 
-type infoKey struct{}
-
 // requestInfoFrom returns the request's info, filled in by the handler for its log line.
 func requestInfoFrom(ctx context.Context) *requestInfo {
-	if i, ok := ctx.Value(infoKey{}).(*requestInfo); ok {
-		return i
+	if st := stateFrom(ctx); st != nil {
+		return &st.info
 	}
 	return &requestInfo{}
 }
@@ -28,9 +26,15 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 			if route == "passthrough" {
 				role = "passthrough"
 			}
-			info := &requestInfo{start: time.Now(), role: role}
+			st := stateFrom(r.Context())
+			if st == nil { // not behind ServeHTTP's guard
+				st = &reqState{}
+				r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+			}
+			info := &st.info
+			*info = requestInfo{start: time.Now(), role: role}
 			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
-			next.ServeHTTP(ww, r.WithContext(context.WithValue(r.Context(), infoKey{}, info)))
+			next.ServeHTTP(ww, r)
 			d := time.Since(info.start)
 			status := ww.Status()
 			if status == 0 {
@@ -38,6 +42,9 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 			}
 			if route != "passthrough" {
 				p.cfg.Recorder.Request(route, info.role, status, d)
+			}
+			if !p.cfg.Logger.Enabled(r.Context(), slog.LevelInfo) {
+				return // no line is written: its attributes need not be made either
 			}
 			attrs := []slog.Attr{
 				slog.String("method", r.Method), slog.String("route", route), slog.String("role", info.role),
