@@ -141,10 +141,14 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 	for k, vs := range head.Header {
 		h[k] = vs
 	}
-	h.Set(HeaderRole, role.String())
-	h.Set(HeaderKey, req.Key)
+	// Set would make a slice for each value: the role's are shared, and the key and the
+	// age share one array, each slice capped so that an append cannot reach the other.
+	h[HeaderRole] = roleHeader(role)
+	vals := &[2]string{req.Key}
+	h[HeaderKey] = vals[0:1:1]
 	if role == singleflight.RoleHit {
-		h.Set("Age", strconv.Itoa(int(rd.rd.Age().Seconds())))
+		vals[1] = strconv.Itoa(int(rd.rd.Age().Seconds()))
+		h["Age"] = vals[1:2:2]
 	}
 	sse := isSSE(head.Header)
 	if sse {
@@ -203,6 +207,22 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 		}
 		p.cfg.Recorder.Saved(route, req.Model, note.prompt, note.completion)
 	}
+}
+
+// roleValues are the values of the role header, shared by every response: nothing
+// changes a header value in place.
+var roleValues = [...][]string{
+	singleflight.RoleUnknown:  {singleflight.RoleUnknown.String()},
+	singleflight.RoleOwner:    {singleflight.RoleOwner.String()},
+	singleflight.RoleFollower: {singleflight.RoleFollower.String()},
+	singleflight.RoleHit:      {singleflight.RoleHit.String()},
+}
+
+func roleHeader(r singleflight.Role) []string {
+	if int(r) < len(roleValues) {
+		return roleValues[r][:1:1]
+	}
+	return []string{r.String()}
 }
 
 // failBeforeBytes answers a request whose flight ended before any byte was sent.
