@@ -77,9 +77,7 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			// nor made.
 			cc.noCache, cc.noStore = true, true
 		}
-		fctx, cancel := context.WithCancel(r.Context())
-		defer cancel()
-		ho := newHandoff(cancel)
+		ho := newHandoff(r.Context())
 		defer ho.close()
 		fn := p.ownerFunc(route, req.Key, r, body, req.Stream, p.storePolicy(route, req.Model, cc.noStore), ho)
 		rd, err := p.cfg.Flights.DoWith(req.Key, singleflight.CallOptions{
@@ -90,7 +88,7 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			return
 		}
 		defer rd.Close()
-		p.respond(w, r, route, req, &source{rd: rd, fctx: fctx, ho: ho}, info)
+		p.respond(w, r, route, req, &source{rd: rd, ho: ho}, info)
 	}
 }
 
