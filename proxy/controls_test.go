@@ -187,3 +187,34 @@ func TestBodyWithAndWithoutLength(t *testing.T) {
 	errorBody(t, send(body(limit+1), false), 413, "request_too_large")
 	errorBody(t, send(body(limit+1), true), 413, "request_too_large")
 }
+
+// TestRoutes: only a POST to a deduplicated path, exactly as configured, is deduplicated;
+// every other request is passed through, as the router would route it.
+func TestRoutes(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{})
+	for _, tt := range []struct {
+		method, path string
+		deduped      bool
+	}{
+		{http.MethodPost, "/v1/chat/completions", true},
+		{http.MethodPost, "/v1/chat/completions?api-version=1", true},
+		{http.MethodPost, "/v1/embeddings", true},
+		{http.MethodPut, "/v1/chat/completions", false},
+		{http.MethodPost, "/v1/chat/completions/", false},
+		{http.MethodPost, "/v1/chat%2Fcompletions", false},
+		{http.MethodPost, "/v1/chat/%63ompletions", false}, // the router matches the raw path
+		{http.MethodPost, "/V1/chat/completions", false},
+		{http.MethodPost, "/v1/other", false},
+	} {
+		req, _ := http.NewRequest(tt.method, in.URL+tt.path, strings.NewReader(chatBody))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if got := res.Header.Get("X-Dedupe-Role") != ""; got != tt.deduped {
+			t.Errorf("%s %s: role %q; want deduplicated %v", tt.method, tt.path, res.Header.Get("X-Dedupe-Role"), tt.deduped)
+		}
+	}
+}

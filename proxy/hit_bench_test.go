@@ -64,14 +64,15 @@ func BenchmarkHitPath(b *testing.B) {
 	} {
 		b.Run(s.name, func(b *testing.B) {
 			in := newInstance(b, up, s.s)
-			body := rewindBody{bytes.NewReader([]byte(hitBody))}
+			raw := []byte(hitBody)
+			body := rewindBody{bytes.NewReader(raw)}
 			req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", body)
 			req.ContentLength = int64(len(hitBody)) // as clients send it
 			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set("Authorization", "Bearer sk-bench")
 			w := &discardWriter{h: http.Header{}}
 			serve := func() {
-				body.Reset([]byte(hitBody))
+				body.Reset(raw)
 				clear(w.h)
 				w.status = 0
 				in.Proxy.ServeHTTP(w, req)
