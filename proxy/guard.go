@@ -43,11 +43,13 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 }
 
 // reqState is what the proxy keeps of one request, found through one context value: the
-// guarded body and the log line's info. guard and the log middleware used to add a value
-// each, and each value costs a context and a copy of the Request.
+// guarded body, the log line's info and the writer that records the status. guard and
+// the log middleware used to add a value each, and each value costs a context and a copy
+// of the Request.
 type reqState struct {
 	body timedBody
 	info requestInfo
+	w    statusWriter
 }
 
 type stateKey struct{}
