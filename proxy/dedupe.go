@@ -24,7 +24,11 @@ const (
 // dedupe serves one deduplicated route.
 func (p *Proxy) dedupe(route string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		info := requestInfoFrom(r.Context())
+		st := stateFrom(r.Context())
+		if st == nil { // not behind ServeHTTP's guard
+			st = &reqState{}
+		}
+		info := &st.info
 		if r.Header.Get(HeaderBypass) == "1" || r.Header.Get("Content-Encoding") != "" {
 			// Straight upstream: asked for, or a compressed body the key cannot see into.
 			info.role = "bypass"
@@ -77,7 +81,8 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			// nor made.
 			cc.noCache, cc.noStore = true, true
 		}
-		ho := newHandoff(r.Context())
+		ho := &st.ho
+		ho.wait.Context = r.Context()
 		defer ho.close()
 		fn := p.ownerFunc(route, req.Key, r, body, req.Stream, p.storePolicy(route, req.Model, cc.noStore), ho)
 		rd, err := p.cfg.Flights.DoWith(req.Key, singleflight.CallOptions{

@@ -43,13 +43,14 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 }
 
 // reqState is what the proxy keeps of one request, found through one context value: the
-// guarded body, the log line's info and the writer that records the status. guard and
-// the log middleware used to add a value each, and each value costs a context and a copy
-// of the Request.
+// guarded body, the log line's info, the writer that records the status and the handoff.
+// guard and the log middleware used to add a value each, and each value costs a context
+// and a copy of the Request; the rest would be an allocation each.
 type reqState struct {
 	body timedBody
 	info requestInfo
 	w    statusWriter
+	ho   handoff // of a deduplicated request's flight
 }
 
 type stateKey struct{}

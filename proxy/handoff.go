@@ -24,8 +24,9 @@ import (
 var errClientGone = errors.New("proxy: the client of the call left")
 
 // handoff passes an answer too large to share from an owner function to the handler of the
-// client whose request it was made with. The handler makes it before Do and closes it when
-// it returns; the owner function takes it at most once.
+// client whose request it was made with. The handler readies the one in its request's
+// state (its wait's context set) before Do and closes it when it returns; the owner
+// function takes it at most once.
 type handoff struct {
 	mu     sync.Mutex
 	closed bool // the handler reads no more
@@ -35,9 +36,6 @@ type handoff struct {
 	head   singleflight.Head
 	pr     *io.PipeReader
 }
-
-// newHandoff returns the handoff of a request whose context is ctx.
-func newHandoff(ctx context.Context) *handoff { return &handoff{wait: waitCtx{Context: ctx}} }
 
 // take hands the rest of the answer over: the client has been given, or will be given,
 // shared bytes of it from the flight, and reads the rest from the returned writer. false

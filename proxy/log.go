@@ -7,14 +7,6 @@ import (
 	"time"
 )
 
-// requestInfoFrom returns the request's info, filled in by the handler for its log line.
-func requestInfoFrom(ctx context.Context) *requestInfo {
-	if st := stateFrom(ctx); st != nil {
-		return &st.info
-	}
-	return &requestInfo{}
-}
-
 // logRequests logs one line per request and records it: route, role, status, duration and
 // the first 12 hex digits of the key. Never the Authorization header, never a body.
 func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
