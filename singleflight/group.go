@@ -272,8 +272,10 @@ func (g *Group) Backend() string {
 func (g *Group) Degraded() bool { return g.degraded.Load() }
 
 // Do joins the flight of key, starting it with fn if this process has none. It does not
-// wait: the caller's Reader blocks in Next. With noCache, a stored result is not served
-// (an in-flight one is still joined). The caller must Close the Reader.
+// wait: the caller's Reader blocks in Next. A result stored in this process is served
+// at once, without a flight to join (fn is then never called). With noCache, a stored
+// result is not served (an in-flight one is still joined). The caller must Close the
+// Reader.
 func (g *Group) Do(key string, noCache bool, fn Func) (*Reader, error) {
 	return g.DoWith(key, CallOptions{NoCache: noCache}, fn)
 }
