@@ -22,6 +22,10 @@ type Options struct {
 	// Name only fields that cannot change the answer (such as "user"); ignoring "stream" or
 	// "model" would serve one kind of answer to a request that asked for another.
 	IgnoreFields []string
+	// SkipCanonical leaves Request.Canonical nil, for a caller that needs the key and not
+	// the text it was made from (the proxy, on every request): it saves a copy of the
+	// canonical body, as large as the request.
+	SkipCanonical bool
 }
 
 // Hasher makes request keys. It is safe for concurrent use; the zero value is a Hasher with
@@ -37,7 +41,7 @@ func New(o Options) *Hasher {
 // Request is what Key learnt about a request, so callers need not parse the body again.
 type Request struct {
 	Key       string   // 64 lower-case hex digits
-	Canonical []byte   // the canonical body the key was made from
+	Canonical []byte   // the canonical body the key was made from; nil with SkipCanonical
 	Model     string   // top-level "model", if a string
 	Stream    bool     // top-level "stream" is true
 	Folded    []string // names of the folding rules that changed the body, in rule order
@@ -96,7 +100,9 @@ func (h *Hasher) KeyIn(ns Namespace, method, path string, header http.Header, bo
 	var hx [2 * sha256.Size]byte
 	hex.Encode(hx[:], sum[:])
 	req.Key = string(hx[:])
-	req.Canonical = bytes.Clone(out[body0:])
+	if !h.opts.SkipCanonical {
+		req.Canonical = bytes.Clone(out[body0:])
+	}
 	return req, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -180,6 +181,33 @@ func TestRequestFields(t *testing.T) {
 		if len(got.Key) != 64 || strings.Trim(got.Key, "0123456789abcdef") != "" {
 			t.Errorf("key %q; want 64 lower-case hex digits", got.Key)
 		}
+	}
+}
+
+// TestSkipCanonical: a Hasher that skips the canonical text makes the same request, key
+// included, without it.
+func TestSkipCanonical(t *testing.T) {
+	o := Options{IgnoreFields: []string{"user"}}
+	full := New(o)
+	o.SkipCanonical = true
+	lean := New(o)
+	hdr := http.Header{"Authorization": {"Bearer sk-1"}}
+	body := []byte(`{"model":"m","stream":true,"user":"u","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`)
+	ns := Namespace{Name: "app", Gen: 2}
+	want, err := full.KeyIn(ns, "POST", "/v1/chat/completions", hdr, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := lean.KeyIn(ns, "POST", "/v1/chat/completions", hdr, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Canonical != nil {
+		t.Errorf("Canonical %q; want nil", got.Canonical)
+	}
+	want.Canonical = nil
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v; want %+v", got, want)
 	}
 }
 

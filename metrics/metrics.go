@@ -104,7 +104,36 @@ type Metrics struct {
 	invalidations     *prometheus.CounterVec
 
 	models modelSet
+
+	// Children of the vectors above, by their labels; see series.
+	requestSeries  series[requestLabels, requestChildren]
+	upstreamSeries series[upstreamLabels, upstreamChildren]
+	savedSeries    series[string, prometheus.Counter] // by route
+	tokenSeries    series[tokenLabels, prometheus.Counter]
+	roleSeries     series[singleflight.Role, prometheus.Counter]
 }
+
+type requestLabels struct {
+	route, role string
+	code        int
+}
+
+type requestChildren struct {
+	count    prometheus.Counter
+	duration prometheus.Observer
+}
+
+type upstreamLabels struct {
+	route string
+	code  int
+}
+
+type upstreamChildren struct {
+	count    prometheus.Counter
+	duration prometheus.Observer
+}
+
+type tokenLabels struct{ model, kind string }
 
 var _ singleflight.Observer = (*Metrics)(nil)
 
@@ -241,8 +270,14 @@ func (m *Metrics) Request(route, role string, code int, d time.Duration) {
 	if m == nil {
 		return
 	}
-	m.requests.WithLabelValues(route, role, strconv.Itoa(code)).Inc()
-	m.requestDuration.WithLabelValues(route, role).Observe(d.Seconds())
+	c := m.requestSeries.get(requestLabels{route, role, code}, func(l requestLabels) requestChildren {
+		return requestChildren{
+			count:    m.requests.WithLabelValues(l.route, l.role, strconv.Itoa(l.code)),
+			duration: m.requestDuration.WithLabelValues(l.route, l.role),
+		}
+	})
+	c.count.Inc()
+	c.duration.Observe(d.Seconds())
 }
 
 // Upstream records one call to the upstream API, the cost the proxy exists to save. A code
@@ -252,12 +287,18 @@ func (m *Metrics) Upstream(route string, code int, d time.Duration) {
 	if m == nil {
 		return
 	}
-	c := codeError
-	if code > 0 {
-		c = strconv.Itoa(code)
-	}
-	m.upstream.WithLabelValues(route, c).Inc()
-	m.upstreamDuration.WithLabelValues(route).Observe(d.Seconds())
+	c := m.upstreamSeries.get(upstreamLabels{route, max(code, 0)}, func(l upstreamLabels) upstreamChildren {
+		code := codeError
+		if l.code > 0 {
+			code = strconv.Itoa(l.code)
+		}
+		return upstreamChildren{
+			count:    m.upstream.WithLabelValues(l.route, code),
+			duration: m.upstreamDuration.WithLabelValues(l.route),
+		}
+	})
+	c.count.Inc()
+	c.duration.Observe(d.Seconds())
 }
 
 // Saved records one request served without its own upstream call (a follower or a hit),
@@ -268,17 +309,26 @@ func (m *Metrics) Saved(route, model string, promptTokens, completionTokens int6
 	if m == nil {
 		return
 	}
-	m.savedRequests.WithLabelValues(route).Inc()
+	m.savedSeries.get(route, func(route string) prometheus.Counter {
+		return m.savedRequests.WithLabelValues(route)
+	}).Inc()
 	if promptTokens <= 0 && completionTokens <= 0 {
 		return
 	}
 	model = m.models.label(model)
 	if promptTokens > 0 {
-		m.savedTokens.WithLabelValues(model, "prompt").Add(float64(promptTokens))
+		m.tokens(model, "prompt").Add(float64(promptTokens))
 	}
 	if completionTokens > 0 {
-		m.savedTokens.WithLabelValues(model, "completion").Add(float64(completionTokens))
+		m.tokens(model, "completion").Add(float64(completionTokens))
 	}
+}
+
+// tokens is the saved-tokens counter of a model label and kind.
+func (m *Metrics) tokens(model, kind string) prometheus.Counter {
+	return m.tokenSeries.get(tokenLabels{model, kind}, func(l tokenLabels) prometheus.Counter {
+		return m.savedTokens.WithLabelValues(l.model, l.kind)
+	})
 }
 
 // WaitingAdd moves the waiting-requests gauge by delta (+1 when a request starts waiting

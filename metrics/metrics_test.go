@@ -360,3 +360,31 @@ func TestWaiting(t *testing.T) {
 		t.Fatalf("script ends at %g; want it to end at 0", want)
 	}
 }
+
+// TestRecordingDoesNotAllocate: once a series exists, recording a request, a saving and a
+// role allocates nothing: these run on every request.
+func TestRecordingDoesNotAllocate(t *testing.T) {
+	m, reg := newTest(t)
+	calls := 0
+	record := func() {
+		calls++
+		m.Request("/v1/chat/completions", "hit", 200, time.Millisecond)
+		m.Upstream("/v1/chat/completions", 200, time.Millisecond)
+		m.Saved("/v1/chat/completions", "gpt-4o", 11, 7)
+		m.Observe(singleflight.Event{Kind: singleflight.EventRole, Role: singleflight.RoleHit})
+	}
+	record()
+	if n := testing.AllocsPerRun(100, record); n != 0 {
+		t.Errorf("%v allocations per request; want 0", n)
+	}
+	// The same series as the vectors make: one per label set used, with its count.
+	if got := testutil.ToFloat64(m.requests.WithLabelValues("/v1/chat/completions", "hit", "200")); got != float64(calls) {
+		t.Errorf("requests_total = %v; want %d", got, calls)
+	}
+	if got := testutil.ToFloat64(m.savedTokens.WithLabelValues("gpt-4o", "completion")); got != float64(calls*7) {
+		t.Errorf("saved completion tokens = %v; want %d", got, calls*7)
+	}
+	if n, err := testutil.GatherAndCount(reg, "llm_dedupe_saved_tokens_total"); err != nil || n != 2 {
+		t.Errorf("%d saved_tokens series (%v); want 2", n, err)
+	}
+}

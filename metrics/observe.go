@@ -1,6 +1,10 @@
 package metrics
 
-import "github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
+)
 
 // Observe records a singleflight event; it is the Observer the Group reports to. It only
 // updates in-memory collectors, so it is cheap and never blocks. Unknown kinds are ignored,
@@ -11,7 +15,9 @@ func (m *Metrics) Observe(e singleflight.Event) {
 	}
 	switch e.Kind {
 	case singleflight.EventRole:
-		m.roles.WithLabelValues(e.Role.String()).Inc()
+		m.roleSeries.get(e.Role, func(r singleflight.Role) prometheus.Counter {
+			return m.roles.WithLabelValues(r.String())
+		}).Inc()
 	case singleflight.EventTakeover:
 		m.takeovers.WithLabelValues(bounded(e.Reason, takeoverReasons)).Inc()
 	case singleflight.EventLeaseLost:

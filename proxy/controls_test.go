@@ -150,3 +150,71 @@ func TestOtherMethodsPassThrough(t *testing.T) {
 		t.Fatalf("DELETE /v1/responses: %d role %q calls %d; want the upstream's 200, no role, 1 call", res.StatusCode, res.Header.Get("X-Dedupe-Role"), up.Calls())
 	}
 }
+
+// TestBodyWithAndWithoutLength: a body is read the same whether the client sends its
+// Content-Length or streams it chunked: up to max_body_bytes it is keyed alike, one byte
+// more is 413 either way.
+func TestBodyWithAndWithoutLength(t *testing.T) {
+	up := startUpstream(t)
+	const limit = 200
+	in := newInstance(t, up, setup{flight: singleflight.Options{ResultTTL: time.Minute},
+		proxy: func(c *proxy.Config) { c.MaxBodyBytes = limit }})
+	body := func(n int) string { // a JSON object of exactly n bytes
+		const open, end = `{"model":"m","input":"`, `"}`
+		return open + strings.Repeat("x", n-len(open)-len(end)) + end
+	}
+	send := func(b string, chunked bool) answer {
+		var r io.Reader = strings.NewReader(b)
+		if chunked {
+			r = io.MultiReader(r) // a reader of unknown length: sent chunked
+		}
+		req, _ := http.NewRequest(http.MethodPost, in.URL+"/v1/embeddings", r)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return answer{err: err}
+		}
+		defer resp.Body.Close()
+		rb, _ := io.ReadAll(resp.Body)
+		return answer{status: resp.StatusCode, header: resp.Header, body: string(rb)}
+	}
+	known, unknown := send(body(limit), false), send(body(limit), true)
+	if known.status != 200 || unknown.status != 200 {
+		t.Fatalf("a body of the limit: %d with Content-Length, %d chunked; want 200", known.status, unknown.status)
+	}
+	if k, u := known.header.Get("X-Dedupe-Key"), unknown.header.Get("X-Dedupe-Key"); k != u || unknown.header.Get("X-Dedupe-Role") != "hit" {
+		t.Fatalf("chunked: key %s role %s; want the key %s and a hit", u, unknown.header.Get("X-Dedupe-Role"), k)
+	}
+	errorBody(t, send(body(limit+1), false), 413, "request_too_large")
+	errorBody(t, send(body(limit+1), true), 413, "request_too_large")
+}
+
+// TestRoutes: only a POST to a deduplicated path, exactly as configured, is deduplicated;
+// every other request is passed through, as the router would route it.
+func TestRoutes(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{})
+	for _, tt := range []struct {
+		method, path string
+		deduped      bool
+	}{
+		{http.MethodPost, "/v1/chat/completions", true},
+		{http.MethodPost, "/v1/chat/completions?api-version=1", true},
+		{http.MethodPost, "/v1/embeddings", true},
+		{http.MethodPut, "/v1/chat/completions", false},
+		{http.MethodPost, "/v1/chat/completions/", false},
+		{http.MethodPost, "/v1/chat%2Fcompletions", false},
+		{http.MethodPost, "/v1/chat/%63ompletions", false}, // the router matches the raw path
+		{http.MethodPost, "/V1/chat/completions", false},
+		{http.MethodPost, "/v1/other", false},
+	} {
+		req, _ := http.NewRequest(tt.method, in.URL+tt.path, strings.NewReader(chatBody))
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if got := res.Header.Get("X-Dedupe-Role") != ""; got != tt.deduped {
+			t.Errorf("%s %s: role %q; want deduplicated %v", tt.method, tt.path, res.Header.Get("X-Dedupe-Role"), tt.deduped)
+		}
+	}
+}

@@ -24,7 +24,11 @@ const (
 // dedupe serves one deduplicated route.
 func (p *Proxy) dedupe(route string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		info := requestInfoFrom(r.Context())
+		st := stateFrom(r.Context())
+		if st == nil { // not behind ServeHTTP's guard
+			st = &reqState{}
+		}
+		info := &st.info
 		if r.Header.Get(HeaderBypass) == "1" || r.Header.Get("Content-Encoding") != "" {
 			// Straight upstream: asked for, or a compressed body the key cannot see into.
 			info.role = "bypass"
@@ -40,7 +44,7 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			tooLarge() // at once, without waiting for a body that would be refused
 			return
 		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+		body, err := readBody(w, r, p.cfg.MaxBodyBytes)
 		if err != nil {
 			var tooBig *http.MaxBytesError
 			switch {
@@ -77,9 +81,8 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			// nor made.
 			cc.noCache, cc.noStore = true, true
 		}
-		fctx, cancel := context.WithCancel(r.Context())
-		defer cancel()
-		ho := newHandoff(cancel)
+		ho := &st.ho
+		ho.wait.Context = r.Context()
 		defer ho.close()
 		fn := p.ownerFunc(route, req.Key, r, body, req.Stream, p.storePolicy(route, req.Model, cc.noStore), ho)
 		rd, err := p.cfg.Flights.DoWith(req.Key, singleflight.CallOptions{
@@ -90,7 +93,37 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			return
 		}
 		defer rd.Close()
-		p.respond(w, r, route, req, &source{rd: rd, fctx: fctx, ho: ho}, info)
+		p.respond(w, r, route, req, &source{rd: rd, ho: ho}, info)
+	}
+}
+
+// readBody reads a request body of at most max bytes. One whose length the client gave
+// (no more than max: checked before) is read into a buffer of that size, where io.ReadAll
+// would grow one from 512 bytes, copying, in three allocations for a 1 KB request; the
+// server ends such a body at its Content-Length. One of unknown length is read through
+// MaxBytesReader, which also tells the server to close the connection past the bound.
+// The buffer is not pooled: an owner function keeps the body as long as its flight may
+// call the upstream again, which can be after this handler has returned.
+func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) {
+	if r.ContentLength < 0 {
+		return io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+	}
+	b := make([]byte, 0, r.ContentLength+1) // +1: the read that finds the end reads into it
+	for {
+		n, err := r.Body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if int64(len(b)) > max {
+			return nil, &http.MaxBytesError{Limit: max}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // more than announced: only a body not from the server
+		}
 	}
 }
 
@@ -111,10 +144,14 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 	for k, vs := range head.Header {
 		h[k] = vs
 	}
-	h.Set(HeaderRole, role.String())
-	h.Set(HeaderKey, req.Key)
+	// Set would make a slice for each value: the role's are shared, and the key and the
+	// age share one array, each slice capped so that an append cannot reach the other.
+	h[HeaderRole] = roleHeader(role)
+	vals := &[2]string{req.Key}
+	h[HeaderKey] = vals[0:1:1]
 	if role == singleflight.RoleHit {
-		h.Set("Age", strconv.Itoa(int(rd.rd.Age().Seconds())))
+		vals[1] = strconv.Itoa(int(rd.rd.Age().Seconds()))
+		h["Age"] = vals[1:2:2]
 	}
 	sse := isSSE(head.Header)
 	if sse {
@@ -122,9 +159,19 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 		h.Set("X-Accel-Buffering", "no")
 	}
 	w.WriteHeader(head.Status)
-	tail := newTail(sse)
+	// A follower or a hit counts the tokens it saved, from the usage its answer reports:
+	// a stored answer's was read when it was kept (see AnnotateUsage); else it is read
+	// from the end of the bytes sent.
+	counted := (role == singleflight.RoleFollower || role == singleflight.RoleHit) && head.Status/100 == 2
+	note, noted := head.Note.(usageNote)
+	var tail *tail
+	if counted && !noted {
+		tail = newTail(sse)
+	}
 	write := func(c []byte) bool {
-		tail.add(c)
+		if tail != nil {
+			tail.add(c)
+		}
 		if _, err := w.Write(c); err != nil {
 			return false
 		}
@@ -157,10 +204,28 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 			}
 		}
 	}
-	if ok && (role == singleflight.RoleFollower || role == singleflight.RoleHit) && head.Status/100 == 2 {
-		prompt, completion := tail.usage()
-		p.cfg.Recorder.Saved(route, req.Model, prompt, completion)
+	if ok && counted {
+		if tail != nil {
+			note.prompt, note.completion = tail.usage()
+		}
+		p.cfg.Recorder.Saved(route, req.Model, note.prompt, note.completion)
 	}
+}
+
+// roleValues are the values of the role header, shared by every response: nothing
+// changes a header value in place.
+var roleValues = [...][]string{
+	singleflight.RoleUnknown:  {singleflight.RoleUnknown.String()},
+	singleflight.RoleOwner:    {singleflight.RoleOwner.String()},
+	singleflight.RoleFollower: {singleflight.RoleFollower.String()},
+	singleflight.RoleHit:      {singleflight.RoleHit.String()},
+}
+
+func roleHeader(r singleflight.Role) []string {
+	if int(r) < len(roleValues) {
+		return roleValues[r][:1:1]
+	}
+	return []string{r.String()}
 }
 
 // failBeforeBytes answers a request whose flight ended before any byte was sent.

@@ -19,6 +19,8 @@ var errBodyTimeout = errors.New("proxy: the client sent no request body bytes fo
 // in front of it would resolve outside the base URL's prefix. It bounds the wait between
 // two reads of a request body, like nginx's client_body_timeout: only a header timeout is
 // set on the server, so a client that stops mid-body would hold its connection forever.
+//
+// It also gives the request its state (see reqState), also when it has no body.
 func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
 	if r.Method == http.MethodConnect {
 		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
@@ -31,27 +33,49 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 			"the request path has \".\" or \"..\" segments, plain or percent-encoded")
 		return r, false
 	}
-	if r.Body == nil || r.Body == http.NoBody {
-		return r, true
+	st := &reqState{}
+	r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+	if r.Body != nil && r.Body != http.NoBody {
+		st.body = timedBody{body: r.Body, w: w, d: p.cfg.BodyReadTimeout}
+		r.Body = &st.body
 	}
-	b := &timedBody{body: r.Body, rc: http.NewResponseController(w), d: p.cfg.BodyReadTimeout}
-	r = r.WithContext(context.WithValue(r.Context(), bodyKey{}, b))
-	r.Body = b
 	return r, true
+}
+
+// reqState is what the proxy keeps of one request, found through one context value: the
+// guarded body, the log line's info, the writer that records the status and the handoff.
+// guard and the log middleware used to add a value each, and each value costs a context
+// and a copy of the Request; the rest would be an allocation each.
+type reqState struct {
+	body timedBody
+	info requestInfo
+	w    statusWriter
+	ho   handoff // of a deduplicated request's flight
+}
+
+type stateKey struct{}
+
+// stateFrom returns the state of ctx's request, or nil outside Proxy.ServeHTTP.
+func stateFrom(ctx context.Context) *reqState {
+	st, _ := ctx.Value(stateKey{}).(*reqState)
+	return st
 }
 
 // hasDotSegment reports whether path (decoded: %2e%2e and %2f are already "." and "/")
 // has a "." or ".." segment, with "\" also taken as a separator, as some servers do.
 func hasDotSegment(path string) bool {
-	for _, seg := range strings.FieldsFunc(path, func(c rune) bool { return c == '/' || c == '\\' }) {
+	for path != "" {
+		seg, rest := path, ""
+		if i := strings.IndexAny(path, `/\`); i >= 0 {
+			seg, rest = path[:i], path[i+1:]
+		}
 		if seg == "." || seg == ".." {
 			return true
 		}
+		path = rest
 	}
 	return false
 }
-
-type bodyKey struct{}
 
 // timedBody is a request body whose every read must bring bytes within d. The deadline is
 // set on the connection before each read and lifted at the body's end, so that it never
@@ -59,7 +83,7 @@ type bodyKey struct{}
 // a streamed answer, would otherwise be cut off).
 type timedBody struct {
 	body     io.ReadCloser
-	rc       *http.ResponseController
+	w        http.ResponseWriter // whose ResponseController sets the deadlines
 	d        time.Duration
 	ended    bool
 	timedOut atomic.Bool
@@ -69,11 +93,11 @@ func (b *timedBody) Read(p []byte) (int, error) {
 	if b.ended {
 		return b.body.Read(p)
 	}
-	_ = b.rc.SetReadDeadline(time.Now().Add(b.d))
+	_ = http.NewResponseController(b.w).SetReadDeadline(time.Now().Add(b.d))
 	n, err := b.body.Read(p)
 	if err != nil {
 		b.ended = true
-		_ = b.rc.SetReadDeadline(time.Time{}) // the server lifts it too, when it sees the end
+		_ = http.NewResponseController(b.w).SetReadDeadline(time.Time{}) // the server lifts it too, when it sees the end
 		if isTimeout(err) {
 			b.timedOut.Store(true)
 			err = errors.Join(errBodyTimeout, err)
@@ -86,8 +110,8 @@ func (b *timedBody) Close() error { return b.body.Close() }
 
 // bodyTimedOut reports whether the request body of ctx's request stopped coming.
 func bodyTimedOut(ctx context.Context) bool {
-	b, ok := ctx.Value(bodyKey{}).(*timedBody)
-	return ok && b.timedOut.Load()
+	st := stateFrom(ctx)
+	return st != nil && st.body.timedOut.Load()
 }
 
 // writeBodyTimeout answers a request whose body stopped coming.

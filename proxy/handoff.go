@@ -24,19 +24,18 @@ import (
 var errClientGone = errors.New("proxy: the client of the call left")
 
 // handoff passes an answer too large to share from an owner function to the handler of the
-// client whose request it was made with. The handler makes it before Do and closes it when
-// it returns; the owner function takes it at most once.
+// client whose request it was made with. The handler readies the one in its request's
+// state (its wait's context set) before Do and closes it when it returns; the owner
+// function takes it at most once.
 type handoff struct {
 	mu     sync.Mutex
 	closed bool // the handler reads no more
 	taken  bool
-	cancel context.CancelFunc // wakes the handler from its wait on the flight
-	shared int64              // bytes the handler reads from the flight before the pipe
+	wait   waitCtx // the handler waits on the flight with it; a handoff ends it
+	shared int64   // bytes the handler reads from the flight before the pipe
 	head   singleflight.Head
 	pr     *io.PipeReader
 }
-
-func newHandoff(cancel context.CancelFunc) *handoff { return &handoff{cancel: cancel} }
 
 // take hands the rest of the answer over: the client has been given, or will be given,
 // shared bytes of it from the flight, and reads the rest from the returned writer. false
@@ -49,7 +48,7 @@ func (h *handoff) take(head singleflight.Head, shared int64) (*io.PipeWriter, bo
 	}
 	pr, pw := io.Pipe()
 	h.taken, h.head, h.shared, h.pr = true, head, shared, pr
-	h.cancel()
+	h.wait.wake()
 	return pw, true
 }
 
@@ -68,13 +67,62 @@ func (h *handoff) close() {
 	if h.pr != nil {
 		h.pr.CloseWithError(errClientGone)
 	}
+	h.wait.release()
+}
+
+// waitCtx is what a handler waits on its flight with: the request's context, also ended
+// by a handoff. The cancelable context behind it is made by the first call that needs
+// it, because most readers never wait: a hit's flight has ended when DoWith returns, and
+// a context made up front cost two allocations (itself, and the request context's set of
+// children) for nothing. Once made, it is that context in every respect.
+type waitCtx struct {
+	context.Context // the request's; Deadline is its
+
+	mu     sync.Mutex
+	ctx    context.Context
+	cancel context.CancelFunc
+	woken  bool
+}
+
+func (c *waitCtx) get() context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx == nil {
+		c.ctx, c.cancel = context.WithCancel(c.Context)
+		if c.woken {
+			c.cancel()
+		}
+	}
+	return c.ctx
+}
+
+func (c *waitCtx) Done() <-chan struct{} { return c.get().Done() }
+func (c *waitCtx) Err() error            { return c.get().Err() }
+func (c *waitCtx) Value(key any) any     { return c.get().Value(key) } // context.Cause finds the cancelable one
+
+// wake ends the wait, or the one to come.
+func (c *waitCtx) wake() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.woken = true
+	if c.cancel != nil {
+		c.cancel()
+	}
+}
+
+// release frees the context, as its cancel function does, when the handler returns.
+func (c *waitCtx) release() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cancel != nil {
+		c.cancel()
+	}
 }
 
 // source is what a handler reads its answer from: the flight, and after a handoff the
 // pipe.
 type source struct {
 	rd   *singleflight.Reader
-	fctx context.Context // for reads of the flight: ends at a handoff too
 	ho   *handoff
 	got  int64 // bytes read from the flight
 	priv bool  // reading the pipe
@@ -84,7 +132,7 @@ type source struct {
 // next returns the next chunk of the answer, or io.EOF after the last.
 func (s *source) next(ctx context.Context) ([]byte, error) {
 	if !s.priv {
-		c, err := s.rd.Next(s.fctx)
+		c, err := s.rd.Next(&s.ho.wait)
 		if ctx.Err() != nil || !s.ho.isTaken() || (err == nil && s.got+int64(len(c)) <= s.ho.shared) {
 			s.got += int64(len(c))
 			return c, err

@@ -52,6 +52,9 @@ type setup struct {
 	base   string            // upstream base URL; default the fake's URL
 	flight singleflight.Options
 	proxy  func(*proxy.Config)
+	// noAnnotate leaves out the wiring's Annotate, so that hits read their usage from
+	// the bytes they were sent.
+	noAnnotate bool
 }
 
 func newInstance(t testing.TB, up *upstream, s setup) *instance {
@@ -62,6 +65,9 @@ func newInstance(t testing.TB, up *upstream, s setup) *instance {
 	o.Observer = m
 	if s.flight.Observer != nil {
 		o.Observer = tee{m, s.flight.Observer}
+	}
+	if o.Annotate == nil && !s.noAnnotate {
+		o.Annotate = proxy.AnnotateUsage // as cmd wires it
 	}
 	if o.TakeoverJitter == 0 {
 		o.TakeoverJitter = 20 * time.Millisecond
@@ -78,7 +84,7 @@ func newInstance(t testing.TB, up *upstream, s setup) *instance {
 	cfg := proxy.Config{
 		Upstream: target,
 		Flights:  g,
-		Hasher:   hashing.New(hashing.Options{IgnoreFields: []string{"user"}}),
+		Hasher:   hashing.New(hashing.Options{IgnoreFields: []string{"user"}, SkipCanonical: true}),
 		Recorder: m,
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}

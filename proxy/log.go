@@ -5,19 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
-
-	"github.com/go-chi/chi/v5/middleware"
 )
-
-type infoKey struct{}
-
-// requestInfoFrom returns the request's info, filled in by the handler for its log line.
-func requestInfoFrom(ctx context.Context) *requestInfo {
-	if i, ok := ctx.Value(infoKey{}).(*requestInfo); ok {
-		return i
-	}
-	return &requestInfo{}
-}
 
 // logRequests logs one line per request and records it: route, role, status, duration and
 // the first 12 hex digits of the key. Never the Authorization header, never a body.
@@ -28,16 +16,26 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 			if route == "passthrough" {
 				role = "passthrough"
 			}
-			info := &requestInfo{start: time.Now(), role: role}
-			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
-			next.ServeHTTP(ww, r.WithContext(context.WithValue(r.Context(), infoKey{}, info)))
+			st := stateFrom(r.Context())
+			if st == nil { // not behind ServeHTTP's guard
+				st = &reqState{}
+				r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
+			}
+			info := &st.info
+			*info = requestInfo{start: time.Now(), role: role}
+			ww := &st.w
+			*ww = statusWriter{ResponseWriter: w}
+			next.ServeHTTP(ww, r)
 			d := time.Since(info.start)
-			status := ww.Status()
+			status := ww.status
 			if status == 0 {
 				status = 499 // the client left before an answer
 			}
 			if route != "passthrough" {
 				p.cfg.Recorder.Request(route, info.role, status, d)
+			}
+			if !p.cfg.Logger.Enabled(r.Context(), slog.LevelInfo) {
+				return // no line is written: its attributes need not be made either
 			}
 			attrs := []slog.Attr{
 				slog.String("method", r.Method), slog.String("route", route), slog.String("role", info.role),
@@ -53,3 +51,42 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 		})
 	}
 }
+
+// statusWriter records the status of an answer for its log line and metrics, as chi's
+// middleware.WrapResponseWriter did, without its two allocations: it is kept in the
+// request's state. Like it, it passes an informational status (1xx but 101) on without
+// taking it for the answer's, passes on only the first other one, and takes a Write or a
+// flush before any WriteHeader for 200. Everything else the server's writer can do
+// (hijacking, deadlines) is reached through Unwrap, as http.ResponseController does.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	switch {
+	case code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols:
+		w.ResponseWriter.WriteHeader(code)
+	case w.status == 0:
+		w.status = code
+		w.ResponseWriter.WriteHeader(code)
+	}
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// FlushError is how http.ResponseController flushes: the server's writer's flush, after
+// the header.
+func (w *statusWriter) FlushError() error {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -85,6 +85,7 @@ var DefaultPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embe
 type Proxy struct {
 	cfg      Config
 	router   chi.Router
+	posts    map[string]http.Handler // the deduplicated routes, by literal path
 	pass     http.Handler
 	draining atomic.Bool
 }
@@ -134,20 +135,39 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Metrics != nil {
 		r.Handle("/metrics", cfg.Metrics)
 	}
+	p.posts = map[string]http.Handler{}
 	for _, path := range cfg.Paths {
-		r.With(p.logRequests(path)).Post(path, p.dedupe(path))
+		h := p.logRequests(path)(p.dedupe(path))
+		r.Method(http.MethodPost, path, h)
+		if !strings.ContainsAny(path, "{*") { // a literal path: chi would match it exactly
+			p.posts[path] = h
+		}
 	}
 	r.With(p.logRequests("passthrough")).Handle("/*", p.pass)
 	p.router = r
 	return p, nil
 }
 
-// ServeHTTP routes a request, after guard has refused what no route may see.
+// ServeHTTP routes a request, after guard has refused what no route may see. A POST to a
+// deduplicated path goes straight to its handler, the one chi would choose (chi matches
+// the raw path when the URL has one, and so does this): chi adds a context value, and a
+// copy of the Request, to every request it routes.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r, ok := p.guard(w, r)
-	if ok {
-		p.router.ServeHTTP(w, r)
+	if !ok {
+		return
 	}
+	if r.Method == http.MethodPost {
+		path := r.URL.RawPath
+		if path == "" {
+			path = r.URL.Path
+		}
+		if h, ok := p.posts[path]; ok {
+			h.ServeHTTP(w, r)
+			return
+		}
+	}
+	p.router.ServeHTTP(w, r)
 }
 
 // Drain makes /readyz answer 503, so that a load balancer stops sending new requests while

@@ -53,24 +53,23 @@ func outcomeOf(status int) singleflight.Outcome {
 }
 
 // ownerFunc returns the upstream call of a flight, made with this client's request.
-// The request's headers are read only if it becomes an owner (most requests are followers
-// or hits); nothing writes them after the handler has read the body, and the server does
-// not reuse a Request, so the function may read them after the handler returned.
+// The request's headers and URL are read only if it becomes an owner (most requests are
+// followers or hits); nothing writes them after the handler has read the body, and the
+// server does not reuse a Request, so the function may read them after the handler
+// returned.
 // st is how the answer may be stored; ho passes an answer too large to share to this
 // client (see handoff).
 func (p *Proxy) ownerFunc(route, key string, r *http.Request, body []byte, stream bool, st storing, ho *handoff) singleflight.Func {
-	in := r.Header
-	target := p.upstreamURL(r.URL.Path, r.URL.RawQuery)
-	method := r.Method
 	return func(ctx context.Context, w *singleflight.Writer) (singleflight.Result, error) {
 		start := time.Now()
 		ctx, cancel := context.WithCancelCause(ctx)
 		defer cancel(nil)
-		out, err := http.NewRequestWithContext(ctx, method, target, bytes.NewReader(body))
+		target := p.upstreamURL(r.URL.Path, r.URL.RawQuery)
+		out, err := http.NewRequestWithContext(ctx, r.Method, target, bytes.NewReader(body))
 		if err != nil {
 			return failure(http.StatusBadGateway, "upstream_unavailable", "the upstream request could not be made"), err
 		}
-		out.Header = p.forwardHeader(in)
+		out.Header = p.forwardHeader(r.Header)
 		out.ContentLength = int64(len(body))
 		resp, err := p.cfg.Transport.RoundTrip(out)
 		if err != nil {

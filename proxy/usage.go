@@ -3,6 +3,8 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
 // tail keeps the end of an answer, where the usage and the end markers are: references
@@ -60,8 +62,23 @@ func (t *tail) lastEvent() string {
 // of a unary body, in the last data event of a Chat Completions stream with
 // stream_options.include_usage, in the Responses API's response.completed event. Only that
 // object is decoded, not the whole answer.
-func (t *tail) usage() (prompt, completion int64) {
-	b := t.bytes()
+func (t *tail) usage() (prompt, completion int64) { return usageOf(t.bytes()) }
+
+// usageNote is the token usage of a stored answer, read once when the answer is kept (see
+// AnnotateUsage) rather than on each of its hits.
+type usageNote struct{ prompt, completion int64 }
+
+// AnnotateUsage is the singleflight.Options.Annotate the proxy's Flights should be given:
+// it reads the token usage of each answer kept in the process once, and its hits count
+// their saved tokens with it instead of reading their answer again. A hit without it is
+// counted as before, from the bytes it was sent.
+func AnnotateUsage(_ singleflight.Head, body []byte) any {
+	p, c := usageOf(body)
+	return usageNote{prompt: p, completion: c}
+}
+
+// usageOf is the token usage of an answer, or of its end; see tail.usage.
+func usageOf(b []byte) (prompt, completion int64) {
 	i := bytes.LastIndex(b, []byte(`"usage"`))
 	if i < 0 {
 		return 0, 0

@@ -64,6 +64,9 @@ func (g *Group) keepFor(key string, head Head, body []byte, age, ttl time.Durati
 	if ttl <= age || g.recentlyPurged(key) {
 		return
 	}
+	if g.opts.Annotate != nil && head.Note == nil {
+		head.Note = g.opts.Annotate(head, body)
+	}
 	g.cacheMu.Lock()
 	defer g.cacheMu.Unlock()
 	g.cache.add(key, storedResult{head: head, body: body, at: time.Now().Add(-age), ttl: ttl})

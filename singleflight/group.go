@@ -59,6 +59,9 @@ func (r Role) String() string {
 type Head struct {
 	Status int
 	Header map[string][]string
+	// Note is what Options.Annotate made of a stored answer, given with it to its hits
+	// served from this process's store; nil otherwise. It never leaves the process.
+	Note any
 }
 
 // Outcome says what may be done with a response.
@@ -128,6 +131,12 @@ type Options struct {
 	MemoryMaxBytes int64
 	// Observer receives the package's events. If nil, they are dropped.
 	Observer Observer
+	// Annotate, if set, is called once for each answer kept in this process (made here or
+	// read from Redis), outside the Group's locks, and what it returns is given with the
+	// answer to each hit served from this process's store as Head.Note: what every hit
+	// would work out from the body is worked out once. The hit that read the answer from
+	// Redis gets no Note, and neither do owners and followers. If nil, hits get no Note.
+	Annotate func(h Head, body []byte) any
 	// InstanceID names this process in tokens and meta. If empty, a random one is used.
 	InstanceID string
 	// MaxResultTTL is the longest TTL any Result asks for: a namespace's generation is
@@ -265,8 +274,10 @@ func (g *Group) Backend() string {
 func (g *Group) Degraded() bool { return g.degraded.Load() }
 
 // Do joins the flight of key, starting it with fn if this process has none. It does not
-// wait: the caller's Reader blocks in Next. With noCache, a stored result is not served
-// (an in-flight one is still joined). The caller must Close the Reader.
+// wait: the caller's Reader blocks in Next. A result stored in this process is served
+// at once, without a flight to join (fn is then never called). With noCache, a stored
+// result is not served (an in-flight one is still joined). The caller must Close the
+// Reader.
 func (g *Group) Do(key string, noCache bool, fn Func) (*Reader, error) {
 	return g.DoWith(key, CallOptions{NoCache: noCache}, fn)
 }
@@ -274,11 +285,20 @@ func (g *Group) Do(key string, noCache bool, fn Func) (*Reader, error) {
 // DoWith is Do with the caller's options: freshness, and what the flights listing shows.
 func (g *Group) DoWith(key string, o CallOptions, fn Func) (*Reader, error) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.closed {
+		g.mu.Unlock()
 		return nil, ErrClosed
 	}
 	f, lkey := g.joinableWith(key, o)
+	if f == nil && !o.NoCache {
+		// A stored result is looked up where lead would look it up first, after the
+		// flights in progress: a caller that would have joined one still does.
+		if sr, ok := g.cachedWithin(key, o.MaxAge); ok {
+			g.mu.Unlock()
+			return g.serveStored(key, lkey, o, sr), nil
+		}
+	}
+	defer g.mu.Unlock()
 	leader := f == nil
 	if leader {
 		ctx, cancel := context.WithCancelCause(g.ctx)
@@ -296,12 +316,31 @@ func (g *Group) DoWith(key string, o CallOptions, fn Func) (*Reader, error) {
 	return &Reader{g: g, f: f, leader: leader}, nil
 }
 
+// serveStored answers a caller with a stored result at once: with a flight that has
+// already ended, which no other caller joins, and no goroutine to lead it. It is what
+// lead does with a stored result, events included, without the goroutine, the flight
+// context and the caller's wait for both, which were most of what a hit cost.
+func (g *Group) serveStored(key, lkey string, o CallOptions, sr storedResult) *Reader {
+	g.observe(Event{Kind: EventFlightStart, Key: key})
+	g.observe(Event{Kind: EventRole, Key: key, Role: RoleHit})
+	f := newFlight(key, lkey, false, nil, noCancel)
+	f.call, f.started = o, time.Now()
+	f.finishHit(sr.head, sr.body, time.Since(sr.at))
+	f.mu.Lock()
+	f.readers, f.unserved, f.leaderOpen = 1, 1, true
+	f.mu.Unlock()
+	g.observe(Event{Kind: EventFlightEnd, Key: key})
+	return &Reader{g: g, f: f, leader: true}
+}
+
+// noCancel is the cancel function of a flight that has no leader loop to end.
+var noCancel context.CancelCauseFunc = func(error) {}
+
 // joinable returns the local flight a caller of key joins, or nil and the map key under
 // which to start one. A caller joins a flight in progress whatever its leader asked; a
 // no-cache caller does not join one that may serve a stored result (a hit, or one whose
 // role is not decided yet), so it gets a flight of its own; g.mu held.
 func (g *Group) joinable(key string, noCache bool) (*flight, string) {
-	nc := key + "\x00nocache"
 	usable := func(f *flight) bool {
 		if f == nil || f.hasEnded() {
 			return false // its outcome is out: a caller arriving now starts anew
@@ -316,11 +355,15 @@ func (g *Group) joinable(key string, noCache bool) (*flight, string) {
 	if f := g.flights[key]; usable(f) {
 		return f, key
 	}
-	if f := g.flights[nc]; usable(f) {
-		return f, nc
+	// The no-cache map key is made on the stack for the lookup, and a string only when
+	// it is returned: every hit and every owner looks it up.
+	var buf [128]byte
+	nc := append(append(buf[:0], key...), "\x00nocache"...)
+	if f := g.flights[string(nc)]; usable(f) {
+		return f, string(nc)
 	}
 	if noCache {
-		return nil, nc
+		return nil, string(nc)
 	}
 	return nil, key
 }

@@ -75,6 +75,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		MaxResultTTL:      maxTTL,
 		MemoryMaxBytes:    cfg.Flight.MemoryMaxBytes,
 		Observer:          &logObserver{next: m, log: logger},
+		Annotate:          proxy.AnnotateUsage,
 	}
 	var clients []redis.UniversalClient
 	if len(cfg.Redis.Addrs) > 0 {
@@ -100,7 +101,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		MaxResponseBytes: cfg.Limits.MaxResponseBytes,
 		Paths:            cfg.Dedupe.Paths,
 		Flights:          group,
-		Hasher:           hashing.New(hashing.Options{Scope: scope, IgnoreFields: cfg.Hashing.IgnoreFields}),
+		Hasher:           hashing.New(hashing.Options{Scope: scope, IgnoreFields: cfg.Hashing.IgnoreFields, SkipCanonical: true}),
 		Recorder:         m,
 		Metrics:          promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 		Logger:           logger,
