@@ -54,15 +54,16 @@ func (g *Group) cachedWithin(key string, maxAge time.Duration) (storedResult, bo
 	return sr, ok
 }
 
-// keepFor stores a result in this process, made age ago, until it is ttl old. A ttl of
-// zero means Options.ResultTTL. A key purged a moment ago is not kept: the result may be
-// the answer of a lookup that ran before the purge.
-func (g *Group) keepFor(key string, head Head, body []byte, age, ttl time.Duration) {
+// keepFor stores a result in this process, made age ago, until it is ttl old, and returns
+// its head as kept (annotated). A ttl of zero means Options.ResultTTL. A key purged a
+// moment ago is not kept: the result may be the answer of a lookup that ran before the
+// purge.
+func (g *Group) keepFor(key string, head Head, body []byte, age, ttl time.Duration) Head {
 	if ttl == 0 {
 		ttl = g.opts.ResultTTL
 	}
 	if ttl <= age || g.recentlyPurged(key) {
-		return
+		return head
 	}
 	if g.opts.Annotate != nil && head.Note == nil {
 		head.Note = g.opts.Annotate(head, body)
@@ -70,6 +71,7 @@ func (g *Group) keepFor(key string, head Head, body []byte, age, ttl time.Durati
 	g.cacheMu.Lock()
 	defer g.cacheMu.Unlock()
 	g.cache.add(key, storedResult{head: head, body: body, at: time.Now().Add(-age), ttl: ttl})
+	return head
 }
 
 // resultTTL is how long res is stored, if its outcome is Store.

@@ -31,7 +31,7 @@ func (p *position) switchTo(f *flight, d decision) {
 // on from where they are. One that followed another attempt gives that generation up for
 // it; one that followed nothing is a hit.
 func (r *remote) serveHit(f *flight, d decision, pos *position) {
-	r.g.keepFor(f.key, d.head, d.body, d.age, d.ttl)
+	d.head = r.g.keepFor(f.key, d.head, d.body, d.age, d.ttl) // annotated: its readers need not parse it
 	switch {
 	case pos.token == "":
 		f.finishHit(d.head, d.body, d.age)
