@@ -383,6 +383,11 @@ func (fw *follower) lookAt() (at time.Time, byAlive bool) {
 		return at, false
 	}
 	until := fw.l.r.wake.aliveUntil(fw.alive.channel)
+	if !until.After(time.Now()) {
+		// Silent for a lease: the hub has woken its watchers (this one, maybe), and will
+		// not again until a message comes. Only the deadline counts.
+		return at, false
+	}
 	ext := until
 	if fw.trustUntil.Before(ext) {
 		ext = fw.trustUntil

@@ -259,15 +259,16 @@ func (h *wakeHub) heard(channel string, gone []string) {
 	lease := h.r.g.opts.LeaseTTL
 	h.mu.Lock()
 	if len(h.watches[channel]) > 0 {
+		// until first: the timer then fires no sooner, and its watchers find it passed.
 		st := h.alive[channel]
 		if st == nil {
-			st = &aliveState{}
+			st = &aliveState{until: time.Now().Add(lease)}
 			st.silent = time.AfterFunc(lease, func() { h.each(channel, func(*watch) {}) })
 			h.alive[channel] = st
 		} else {
+			st.until = time.Now().Add(lease)
 			st.silent.Reset(lease)
 		}
-		st.until = time.Now().Add(lease)
 	}
 	h.mu.Unlock()
 	if len(gone) > 0 {
