@@ -20,6 +20,7 @@ func TestStoredResultServedAtOnce(t *testing.T) {
 			rp := newReply(`{"n":1}`)
 			rp.release()
 			doAll(t, g, key, 1, rp.fn)()
+			rec.waitFor(t, EventFlightEnd, 1, 5*time.Second) // its readers can finish first
 			starts, ends, hits := rec.count(EventFlightStart), rec.count(EventFlightEnd), roleEvents(rec, RoleHit)
 
 			ctx, cancel := context.WithCancel(context.Background())

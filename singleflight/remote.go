@@ -197,6 +197,7 @@ func (r *remote) claim(ctx context.Context, key, token string, seen decision, fr
 		d.token, d.attempt, d.gen, d.until = token, int(num(v, 1)), str(v, 2), num(v, 3)
 	case "follow":
 		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
+		d.batches = -1 // not known: the follower reads the stream at once
 	case "changed", "exhausted":
 	default:
 		err = fmt.Errorf("singleflight: claim: unexpected answer %q", d.kind)

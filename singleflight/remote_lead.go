@@ -338,6 +338,7 @@ type follower struct {
 	alive      *watch // the owner's alive channel
 	aliveOf    string
 	deadline   time.Time // when to look again: the lease's end, or sooner to re-read
+	since      time.Time // when deadline was set: only alive messages heard later extend it
 	leaseEnd   time.Time // when the owner's lease runs out, as far as we know
 	recheck    int
 	read       bool // read the stream before waiting
@@ -357,7 +358,8 @@ func (r *remote) newFollower(l *leader, remaining time.Duration, readNow bool) (
 		return nil, false
 	}
 	fw.w = w
-	fw.deadline = time.Now().Add(remaining)
+	fw.since = time.Now()
+	fw.deadline = fw.since.Add(remaining)
 	fw.leaseEnd = fw.deadline
 	// Read the stream at once, as the subscription is made: what is already there is not
 	// kept waiting for the confirmation, which then makes the follower read once more.
@@ -371,7 +373,9 @@ func (fw *follower) trust() {
 }
 
 // lookAt is when the follower looks its flight up unless something comes: its deadline,
-// or later while its owner's instance keeps saying it is alive (and is trusted to). byAlive
+// or later while its owner's instance keeps saying it is alive (and is trusted to), as
+// far as it said so after the deadline was set: a look asked for soon (to re-read, or
+// because the stream holds a newer attempt) is not put off by what was heard before. byAlive
 // says the alive messages set it: then no timer is needed for it, as the hub wakes the
 // follower when they stop.
 func (fw *follower) lookAt() (at time.Time, byAlive bool) {
@@ -383,7 +387,7 @@ func (fw *follower) lookAt() (at time.Time, byAlive bool) {
 		return at, false
 	}
 	until := fw.l.r.wake.aliveUntil(fw.alive.channel)
-	if !until.After(time.Now()) {
+	if !until.After(time.Now()) || !until.Add(-fw.l.r.g.opts.LeaseTTL).After(fw.since) {
 		// Silent for a lease: the hub has woken its watchers (this one, maybe), and will
 		// not again until a message comes. Only the deadline counts.
 		return at, false
@@ -405,9 +409,11 @@ func (fw *follower) look() (followEnd, bool) {
 	if at, _ := fw.lookAt(); at.After(fw.leaseEnd) {
 		fw.leaseEnd = at // the owner said it is alive: its lease runs that long
 	}
-	if end, done := fw.l.r.recheck(fw.l.ctx, fw.l.f, &fw.l.pos, &fw.deadline, &fw.leaseEnd, &fw.recheck, &fw.read); done {
+	end, done := fw.l.r.recheck(fw.l.ctx, fw.l.f, &fw.l.pos, &fw.deadline, &fw.leaseEnd, &fw.recheck, &fw.read)
+	if done {
 		return end, true
 	}
+	fw.since = time.Now()
 	if fw.l.pos.token != fw.trustFor || !fw.trustUntil.IsZero() {
 		fw.trust()
 	}
@@ -538,7 +544,8 @@ func (fw *follower) loop(ev wakeEvent) followEnd {
 				g.hooks.afterEntries()
 			}
 			// The owner is alive and writing.
-			fw.leaseEnd = time.Now().Add(g.opts.LeaseTTL)
+			fw.since = time.Now()
+			fw.leaseEnd = fw.since.Add(g.opts.LeaseTTL)
 			fw.deadline, fw.recheck = fw.leaseEnd, 0
 		}
 	}
