@@ -315,7 +315,7 @@ func rssSection(b *strings.Builder, r *results) {
 		return
 	}
 	w := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
-	w("## Memory per waiting request\n\nA fresh proxy instance, warmed with 50 requests, then N client requests (each on its own connection) wait for upstream calls that are held until the measurement is taken. RSS per waiting request = (RSS while they wait − RSS before) / N. \"Another instance\" is a single-flight group in the harness process that owns the calls, so the measured instance follows them through Redis (one subscription per prompt on the instance's pub/sub connection).\n\n")
+	w("## Memory per waiting request\n\nA fresh proxy instance, warmed with 50 requests, then N client requests (each on its own connection) wait for upstream calls that are held until the measurement is taken. RSS per waiting request = (RSS while they wait − RSS before) / N. \"Another instance\" is an owner process of the harness's own (the bench binary run again, not the load generator): a single-flight group on go-redis's default pool that owns the calls and holds them until the release, so the measured instance follows them through Redis (one subscription per prompt on the instance's pub/sub connection); the Redis commands while waiting include its lease renewals, and release → last answer includes its final writes (the note says when they were done).\n\n")
 	w("| waiting requests | case | RSS before → while waiting | per waiting request | goroutines | open fds | Redis clients (blocked) | Redis commands/s while waiting | release → last answer | answered 200 | roles | note |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, row := range r.RSS {
 		gor, redisCol, cmds := "–", "–", "–"
