@@ -27,6 +27,11 @@ type rssRow struct {
 	OK            int            `json:"answered_200"`
 	Errors        int            `json:"errors"`
 	Roles         map[string]int `json:"roles"`
+	// RedisClients counts every process connected to Redis (the harness, the idle instances
+	// of the other measurements too); RedisConns is the measured instance's share of it, and
+	// OwnerRedisConns the owner process's, when another instance owns the calls.
+	RedisConns      int `json:"redis_connections_of_instance"`
+	OwnerRedisConns int `json:"redis_connections_of_owner_process,omitempty"`
 	// Redis commands per second while the requests wait (every client of the server:
 	// the measured instance, and for remote calls the owner process renewing leases).
 	WaitCmds map[string]float64 `json:"redis_commands_per_second_while_waiting"`
@@ -157,6 +162,10 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 	row.Goroutines, _ = e.metric(ctx, base, "go_goroutines")
 	row.FDs = countFDs(p.pid())
 	row.RedisClients, row.RedisBlocked = e.redisClients(ctx)
+	row.RedisConns = tcpConnsTo(p.pid(), e.redisAddr())
+	if owners != nil {
+		row.OwnerRedisConns = tcpConnsTo(owners.p.pid(), e.redisAddr())
+	}
 	if degraded, _ := e.metric(ctx, base, "llm_dedupe_backend_degraded"); degraded > 0 {
 		row.Note += " instance degraded to local-only dedupe"
 	}
