@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -30,9 +31,10 @@ import (
 // generator's 10,000 connections, and the harness's work would be charged to the proxy.
 //
 // The protocol, one line each way: the owner process prints "owned N" once it owns every
-// flight, reads a line (or end of file) from stdin and releases them all, prints "done S"
-// when its owners have all written their answers (S seconds after it read the line), then
-// closes its Group and exits. End of file before that line also releases and exits.
+// flight, reads a line (or end of file) from stdin and releases them all, and once its
+// owners have all written their answers writes an ownersReport to the file the harness
+// named, prints "done S" (S seconds after it read the line), closes its Group and exits.
+// End of file before that line also releases and exits.
 
 // ownersEnv names the file holding the owner process's ownersSpec; set, the binary is the
 // owner process instead of the harness.
@@ -44,6 +46,72 @@ type ownersSpec struct {
 	Redis  string   `json:"redis"`
 	Auth   string   `json:"authorization"`
 	Bodies [][]byte `json:"bodies"`
+	Report string   `json:"report"` // where to write the ownersReport
+}
+
+// ownersReport is what the owner process saw after the release, timed from when it read
+// the release line.
+type ownersReport struct {
+	DoneSeconds float64 `json:"done_seconds"` // its last flight ended
+	// EndSeconds is when each body's flight ended, its final write done (index as in
+	// ownersSpec.Bodies).
+	EndSeconds []float64 `json:"flight_end_seconds"`
+	// LeasesLost counts the flights another instance took over (the owner's call was
+	// cancelled or its final write refused); RenewalsFailed the renewals that failed.
+	LeasesLost     int `json:"leases_lost"`
+	RenewalsFailed int `json:"renewals_failed"`
+}
+
+// flightEnds records when each owned flight ends, and the leases lost on the way. The
+// Group calls Observe synchronously from its goroutines.
+type flightEnds struct {
+	index map[string]int // key → body
+	all   chan struct{}  // closed when every flight has ended
+
+	mu             sync.Mutex
+	at             []time.Time
+	left           int
+	lost           map[string]bool
+	renewalsFailed int
+}
+
+func newFlightEnds(keys []string) *flightEnds {
+	f := &flightEnds{index: map[string]int{}, all: make(chan struct{}), at: make([]time.Time, len(keys)), lost: map[string]bool{}}
+	for i, k := range keys {
+		f.index[k] = i
+	}
+	f.left = len(f.index)
+	return f
+}
+
+func (f *flightEnds) Observe(ev singleflight.Event) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch ev.Kind {
+	case singleflight.EventFlightEnd:
+		if i, ok := f.index[ev.Key]; ok && f.at[i].IsZero() {
+			f.at[i] = time.Now()
+			if f.left--; f.left == 0 {
+				close(f.all)
+			}
+		}
+	case singleflight.EventLeaseLost, singleflight.EventFencedWrite:
+		f.lost[ev.Key] = true
+	case singleflight.EventHeartbeatFailed:
+		f.renewalsFailed++
+	}
+}
+
+// report is what the flights did after start.
+func (f *flightEnds) report(start time.Time) ownersReport {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r := ownersReport{EndSeconds: make([]float64, len(f.at)), LeasesLost: len(f.lost), RenewalsFailed: f.renewalsFailed}
+	for i, t := range f.at {
+		r.EndSeconds[i] = t.Sub(start).Seconds()
+		r.DoneSeconds = max(r.DoneSeconds, r.EndSeconds[i])
+	}
+	return r
 }
 
 // runAsOwners runs the owner process and exits, if this process was started as one.
@@ -86,10 +154,20 @@ func holdOwners(ctx context.Context, specPath string, in io.Reader, out io.Write
 	if err != nil {
 		return err
 	}
+	header := http.Header{"Authorization": {spec.Auth}, "Content-Type": {"application/json"}}
+	keys := make([]string, len(spec.Bodies))
+	for i, body := range spec.Bodies {
+		req, err := h.Key(http.MethodPost, "/v1/chat/completions", header, body)
+		if err != nil {
+			return err
+		}
+		keys[i] = req.Key
+	}
+	ends := newFlightEnds(keys)
 	// go-redis's default pool (10 connections per CPU), as a proxy instance has by default.
 	rdb := redis.NewClient(&redis.Options{Addr: spec.Redis})
 	defer rdb.Close()
-	g := singleflight.New(singleflight.Options{Redis: rdb, ResultTTL: time.Minute})
+	g := singleflight.New(singleflight.Options{Redis: rdb, ResultTTL: time.Minute, Observer: ends})
 	gate := make(chan struct{})
 	released := false
 	release := func() {
@@ -117,14 +195,9 @@ func holdOwners(ctx context.Context, specPath string, in io.Reader, out io.Write
 		_ = g.Close(cctx)
 	}()
 
-	header := http.Header{"Authorization": {spec.Auth}, "Content-Type": {"application/json"}}
-	for i, body := range spec.Bodies {
-		req, err := h.Key(http.MethodPost, "/v1/chat/completions", header, body)
-		if err != nil {
-			return err
-		}
+	for i, key := range keys {
 		answer := heldAnswer(i)
-		r, err := g.Do(req.Key, false, func(ctx context.Context, w *singleflight.Writer) (singleflight.Result, error) {
+		r, err := g.Do(key, false, func(ctx context.Context, w *singleflight.Writer) (singleflight.Result, error) {
 			select {
 			case <-gate:
 			case <-ctx.Done():
@@ -137,7 +210,7 @@ func holdOwners(ctx context.Context, specPath string, in io.Reader, out io.Write
 		}
 		readers = append(readers, r)
 	}
-	// Owned has no change notification: poll it, here and after the release.
+	// Owned has no change notification: poll it.
 	n := len(spec.Bodies)
 	deadline := time.Now().Add(60 * time.Second)
 	for g.Owned() < n {
@@ -157,18 +230,25 @@ func holdOwners(ctx context.Context, specPath string, in io.Reader, out io.Write
 	}
 	start := time.Now()
 	release()
-	for g.Owned() > 0 {
-		time.Sleep(5 * time.Millisecond)
+	<-ends.all
+	rep := ends.report(start)
+	b, err = json.Marshal(rep)
+	if err != nil {
+		return err
 	}
-	_, err = fmt.Fprintf(out, "done %.6f\n", time.Since(start).Seconds())
+	if err := os.WriteFile(spec.Report, b, 0o600); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(out, "done %.6f\n", rep.DoneSeconds)
 	return err
 }
 
 // ownerProc is the harness's handle on the owner process.
 type ownerProc struct {
-	p     *proc
-	stdin io.WriteCloser
-	lines chan string // its stdout, line by line
+	p      *proc
+	stdin  io.WriteCloser
+	lines  chan string // its stdout, line by line
+	report string      // where it writes its ownersReport
 }
 
 // startOwners starts the owner process with one flight per body, on e's Redis, and returns
@@ -178,7 +258,8 @@ func (e *env) startOwners(ctx context.Context, bodies [][]byte) (*ownerProc, err
 	if err != nil {
 		return nil, err
 	}
-	spec, err := json.Marshal(ownersSpec{Redis: e.redisAddr(), Auth: e.c.auth, Bodies: bodies})
+	reportPath := filepath.Join(e.dir, "owners-report.json")
+	spec, err := json.Marshal(ownersSpec{Redis: e.redisAddr(), Auth: e.c.auth, Bodies: bodies, Report: reportPath})
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +293,7 @@ func (e *env) startOwners(ctx context.Context, bodies [][]byte) (*ownerProc, err
 	}
 	p := &proc{name: "owners", cmd: cmd, log: logPath, done: make(chan struct{})}
 	e.ps.list = append(e.ps.list, p)
-	o := &ownerProc{p: p, stdin: stdin, lines: make(chan string, 4)}
+	o := &ownerProc{p: p, stdin: stdin, lines: make(chan string, 4), report: reportPath}
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
@@ -270,14 +351,17 @@ func (o *ownerProc) release() error {
 }
 
 // done waits until the owner process reports that its owners have all written their
-// answers, and returns how long after it read the release that was.
-func (o *ownerProc) done(ctx context.Context) (time.Duration, error) {
-	s, err := o.line(ctx, "done ", 60*time.Second)
-	if err != nil {
-		return 0, err
+// answers, and returns its report.
+func (o *ownerProc) done(ctx context.Context) (ownersReport, error) {
+	var rep ownersReport
+	if _, err := o.line(ctx, "done ", 60*time.Second); err != nil {
+		return rep, err
 	}
-	f, err := strconv.ParseFloat(s, 64)
-	return time.Duration(f * float64(time.Second)), err
+	b, err := os.ReadFile(o.report)
+	if err != nil {
+		return rep, err
+	}
+	return rep, json.Unmarshal(b, &rep)
 }
 
 // close ends the owner process: on end of file it releases what it still holds, closes its

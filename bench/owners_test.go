@@ -99,12 +99,23 @@ func TestOwnerProcess(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the owner process did not exit after the release")
 	}
-	d, err := o.done(ctx)
+	rep, err := o.done(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d <= 0 || d > 30*time.Second {
-		t.Errorf("owners done after %v; want a positive duration under 30s", d)
+	if rep.DoneSeconds <= 0 || rep.DoneSeconds > 30 {
+		t.Errorf("owners done after %v s; want a positive time under 30 s", rep.DoneSeconds)
+	}
+	if len(rep.EndSeconds) != len(bodies) {
+		t.Fatalf("%d flight ends; want %d", len(rep.EndSeconds), len(bodies))
+	}
+	for i, end := range rep.EndSeconds {
+		if end <= 0 || end > rep.DoneSeconds {
+			t.Errorf("flight %d ended %v s after the release; want in (0, %v]", i, end, rep.DoneSeconds)
+		}
+	}
+	if rep.LeasesLost != 0 {
+		t.Errorf("%d leases lost; want 0", rep.LeasesLost)
 	}
 	o.close(&e.ps)
 	select {

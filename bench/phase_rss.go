@@ -40,7 +40,10 @@ type rssRow struct {
 	// OwnersDoneSeconds is, when another instance owns the calls, from the release to its
 	// owners' last final write, as the owner process measures it.
 	OwnersDoneSeconds float64 `json:"seconds_from_release_to_owners_done,omitempty"`
-	Note              string  `json:"note,omitempty"`
+	// AfterOwnerWrite is, for each followed answer, from its owner's final write to the
+	// last byte at the client: the measured instance's share of the release.
+	AfterOwnerWrite *summary `json:"from_owner_write_to_answer,omitempty"`
+	Note            string   `json:"note,omitempty"`
 }
 
 const (
@@ -177,16 +180,34 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 	wg.Wait()
 	row.ReleaseSeconds = time.Since(released).Seconds()
 	if owners != nil {
-		// How much of the release is the other instance's: its owners' final writes. The
-		// owner process times them from when it read the release; waiting for its report
-		// only after the last answer keeps the harness out of the proxy's way meanwhile.
-		d, err := owners.done(ctx)
+		// How much of the release is the other instance's: its owners' final writes, which
+		// the owner process times from when it read the release. Its report is read only
+		// after the last answer, so that the harness stays out of the proxy's way meanwhile.
+		rep, err := owners.done(ctx)
 		if err != nil {
 			return row, err
 		}
-		row.OwnersDoneSeconds = d.Seconds()
-		row.Note = strings.TrimSpace(fmt.Sprintf("%s the owner process had written all its answers %.2f s after the release (the last answer %.2f s after that)",
-			row.Note, row.OwnersDoneSeconds, row.ReleaseSeconds-row.OwnersDoneSeconds))
+		row.OwnersDoneSeconds = rep.DoneSeconds
+		// "Release → last answer" starts the clock before the other instance has written
+		// anything, and its 10,000 final writes take seconds: that is the other instance's
+		// work, not the measured one's. So each followed answer is also timed from its own
+		// owner's final write. The two clocks start when the release line is written and
+		// when it is read, so each lag includes that pipe's latency.
+		var lags []time.Duration
+		for i, r := range replies {
+			if r.ok() && r.role == "follower" && i < len(rep.EndSeconds) {
+				lags = append(lags, r.end.Sub(released)-time.Duration(rep.EndSeconds[i]*float64(time.Second)))
+			}
+		}
+		if len(lags) > 0 {
+			s := summarize(lags)
+			row.AfterOwnerWrite = &s
+			row.Note = strings.TrimSpace(fmt.Sprintf("%s the owner process had written all its answers %.2f s after the release; each followed answer reached its client %.1f ms after its owner's final write (p50; p99 %.1f ms, max %.1f ms)",
+				row.Note, row.OwnersDoneSeconds, s.P50, s.P99, s.Max))
+		}
+		if rep.LeasesLost > 0 || rep.RenewalsFailed > 0 {
+			row.Note = strings.TrimSpace(fmt.Sprintf("%s; the owner process lost %d leases (%d renewals failed)", row.Note, rep.LeasesLost, rep.RenewalsFailed))
+		}
 	}
 	for _, r := range replies {
 		if r.ok() {
