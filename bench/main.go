@@ -2,7 +2,8 @@
 // the upstream directly and with nginx's proxy_cache_lock: it starts a fake upstream,
 // redis-server, three proxy instances (and one on the in-memory backend) and three nginx
 // instances on loopback, drives them from a Go load generator, prints a markdown report and
-// writes it to BENCHMARKS.md, with every raw number in bench/results/.
+// writes it to BENCHMARKS.md, with every raw number in bench/results/. For one memory
+// measurement it runs itself again as another instance's owners (see ownersEnv).
 //
 //	go run ./bench           # the full run (make bench), about 7 minutes
 //	go run ./bench -quick    # a smoke run of every measurement, under 2 minutes
@@ -55,6 +56,7 @@ func quickCfg() cfg {
 var phases = []string{"owner", "hit", "lag", "stream", "dup", "redis", "rss", "pprof"}
 
 func main() {
+	runAsOwners() // the owner process of the rss measurement: see ownersEnv
 	quick := flag.Bool("quick", false, "smoke run: one short run of every measurement")
 	out := flag.String("out", "", "markdown report to write (default BENCHMARKS.md; none with -quick or -only)")
 	resultsDir := flag.String("results", filepath.Join("bench", "results"), "directory for the raw numbers (JSON) and CPU profiles")

@@ -4,19 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
-
-	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
-	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
 // rssRow is the memory one instance holds per waiting request.
@@ -34,15 +27,23 @@ type rssRow struct {
 	OK            int            `json:"answered_200"`
 	Errors        int            `json:"errors"`
 	Roles         map[string]int `json:"roles"`
+	// RedisClients counts every process connected to Redis (the harness, the idle instances
+	// of the other measurements too); RedisConns is the measured instance's share of it, and
+	// OwnerRedisConns the owner process's, when another instance owns the calls.
+	RedisConns      int `json:"redis_connections_of_instance"`
+	OwnerRedisConns int `json:"redis_connections_of_owner_process,omitempty"`
 	// Redis commands per second while the requests wait (every client of the server:
-	// the measured instance, and for remote calls the harness's owners renewing leases).
+	// the measured instance, and for remote calls the owner process renewing leases).
 	WaitCmds map[string]float64 `json:"redis_commands_per_second_while_waiting"`
 	// ReleaseSeconds is from the release of the held calls to the last answer.
 	ReleaseSeconds float64 `json:"seconds_from_release_to_last_answer"`
 	// OwnersDoneSeconds is, when another instance owns the calls, from the release to its
-	// owners' last final write.
+	// owners' last final write, as the owner process measures it.
 	OwnersDoneSeconds float64 `json:"seconds_from_release_to_owners_done,omitempty"`
-	Note              string  `json:"note,omitempty"`
+	// AfterOwnerWrite is, for each followed answer, from its owner's final write to the
+	// last byte at the client: the measured instance's share of the release.
+	AfterOwnerWrite *summary `json:"from_owner_write_to_answer,omitempty"`
+	Note            string   `json:"note,omitempty"`
 }
 
 const (
@@ -107,14 +108,14 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 		bodies[i] = chatBody(content, false)
 	}
 	release := func() error { return e.releaseFake(ctx) }
-	var owners *heldOwners
+	var owners *ownerProc
 	if kind == rssRemoteKeys {
 		var err error
-		owners, err = e.holdElsewhere(ctx, bodies)
+		owners, err = e.startOwners(ctx, bodies)
 		if err != nil {
 			return row, err
 		}
-		defer owners.close()
+		defer owners.close(&e.ps)
 		release = owners.release
 	} else if err := e.setFake(ctx, behavior{Hold: true}); err != nil {
 		return row, err
@@ -164,6 +165,10 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 	row.Goroutines, _ = e.metric(ctx, base, "go_goroutines")
 	row.FDs = countFDs(p.pid())
 	row.RedisClients, row.RedisBlocked = e.redisClients(ctx)
+	row.RedisConns = tcpConnsTo(p.pid(), e.redisAddr())
+	if owners != nil {
+		row.OwnerRedisConns = tcpConnsTo(owners.p.pid(), e.redisAddr())
+	}
 	if degraded, _ := e.metric(ctx, base, "llm_dedupe_backend_degraded"); degraded > 0 {
 		row.Note += " instance degraded to local-only dedupe"
 	}
@@ -172,21 +177,37 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 	if err := release(); err != nil {
 		return row, err
 	}
-	ownersDone := make(chan time.Duration, 1)
-	if owners != nil {
-		// How much of the release is the other instance's: its owners' final writes.
-		go func() {
-			for owners.g.Owned() > 0 {
-				time.Sleep(5 * time.Millisecond) // Owned has no change notification
-			}
-			ownersDone <- time.Since(released)
-		}()
-	}
 	wg.Wait()
 	row.ReleaseSeconds = time.Since(released).Seconds()
 	if owners != nil {
-		row.OwnersDoneSeconds = (<-ownersDone).Seconds()
-		row.Note = strings.TrimSpace(fmt.Sprintf("%s the other instance's owners had all written their answers %.2f s after the release", row.Note, row.OwnersDoneSeconds))
+		// How much of the release is the other instance's: its owners' final writes, which
+		// the owner process times from when it read the release. Its report is read only
+		// after the last answer, so that the harness stays out of the proxy's way meanwhile.
+		rep, err := owners.done(ctx)
+		if err != nil {
+			return row, err
+		}
+		row.OwnersDoneSeconds = rep.DoneSeconds
+		// "Release → last answer" starts the clock before the other instance has written
+		// anything, and its 10,000 final writes take seconds: that is the other instance's
+		// work, not the measured one's. So each followed answer is also timed from its own
+		// owner's final write. The two clocks start when the release line is written and
+		// when it is read, so each lag includes that pipe's latency.
+		var lags []time.Duration
+		for i, r := range replies {
+			if r.ok() && r.role == "follower" && i < len(rep.EndSeconds) {
+				lags = append(lags, r.end.Sub(released)-time.Duration(rep.EndSeconds[i]*float64(time.Second)))
+			}
+		}
+		if len(lags) > 0 {
+			s := summarize(lags)
+			row.AfterOwnerWrite = &s
+			row.Note = strings.TrimSpace(fmt.Sprintf("%s the owner process had written all its answers %.2f s after the release; each followed answer reached its client %.1f ms after its owner's final write (p50; p99 %.1f ms, max %.1f ms)",
+				row.Note, row.OwnersDoneSeconds, s.P50, s.P99, s.Max))
+		}
+		if rep.LeasesLost > 0 || rep.RenewalsFailed > 0 {
+			row.Note = strings.TrimSpace(fmt.Sprintf("%s; the owner process lost %d leases (%d renewals failed)", row.Note, rep.LeasesLost, rep.RenewalsFailed))
+		}
 	}
 	for _, r := range replies {
 		if r.ok() {
@@ -195,6 +216,12 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 		} else {
 			row.Errors++
 		}
+	}
+	if n := row.Roles["owner"]; owners != nil && n > 0 {
+		// A follower that saw its owner's lease run out took the call over, and the fake
+		// upstream (not held in this case) answered it at once: those requests were not
+		// waiting when the figures were taken.
+		row.Note = strings.TrimSpace(fmt.Sprintf("%s %d calls taken over by this instance: the owner process's leases ran out", row.Note, n))
 	}
 	_ = e.setFake(ctx, behavior{})
 	return row, nil
@@ -323,77 +350,4 @@ func countFDs(pid int) int {
 		return 0
 	}
 	return len(ents)
-}
-
-// heldOwners are flights owned by a singleflight.Group inside the harness, standing for
-// another proxy instance whose upstream calls are running: the proxy measured follows them
-// through Redis exactly as it would follow another instance.
-type heldOwners struct {
-	g       *singleflight.Group
-	rdb     *redis.Client
-	readers []*singleflight.Reader
-	gate    chan struct{}
-	once    sync.Once
-}
-
-func (e *env) holdElsewhere(ctx context.Context, bodies [][]byte) (*heldOwners, error) {
-	scope, err := hashing.ParseScope("credential")
-	if err != nil {
-		return nil, err
-	}
-	h := hashing.New(hashing.Options{Scope: scope, IgnoreFields: []string{"user"}})
-	rdb := redis.NewClient(&redis.Options{Addr: e.redisAddr(), PoolSize: 512})
-	o := &heldOwners{rdb: rdb, gate: make(chan struct{})}
-	o.g = singleflight.New(singleflight.Options{Redis: rdb, ResultTTL: time.Minute})
-	header := http.Header{"Authorization": {e.c.auth}, "Content-Type": {"application/json"}}
-	for i, b := range bodies {
-		req, err := h.Key(http.MethodPost, "/v1/chat/completions", header, b)
-		if err != nil {
-			o.close()
-			return nil, err
-		}
-		answer := fmt.Appendf(nil, `{"id":"held-%d","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"held"},"finish_reason":"stop"}]}`, i)
-		r, err := o.g.Do(req.Key, false, func(ctx context.Context, w *singleflight.Writer) (singleflight.Result, error) {
-			select {
-			case <-o.gate:
-			case <-ctx.Done():
-				return singleflight.Result{}, ctx.Err()
-			}
-			return singleflight.Result{Head: singleflight.Head{Status: 200, Header: map[string][]string{"Content-Type": {"application/json"}}}, Body: answer}, nil
-		})
-		if err != nil {
-			o.close()
-			return nil, err
-		}
-		o.readers = append(o.readers, r)
-	}
-	if err := e.waitFor(ctx, 60*time.Second, func() (bool, error) { return o.g.Owned() >= len(bodies), nil }); err != nil {
-		o.close()
-		return nil, fmt.Errorf("owners: %w", err)
-	}
-	return o, nil
-}
-
-func (o *heldOwners) release() error {
-	o.once.Do(func() { close(o.gate) })
-	return nil
-}
-
-func (o *heldOwners) close() {
-	_ = o.release()
-	for _, r := range o.readers {
-		for {
-			if _, err := r.Next(context.Background()); err != nil {
-				if !errors.Is(err, io.EOF) {
-					logf("held owner: %v", err)
-				}
-				break
-			}
-		}
-		r.Close()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_ = o.g.Close(ctx)
-	o.rdb.Close()
 }

@@ -265,3 +265,45 @@ func raiseFileLimit(want uint64) uint64 {
 	_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l)
 	return l.Cur
 }
+
+// tcpConnsTo counts the established TCP connections of process pid to addr's port, from
+// /proc: the process's socket inodes matched against its network namespace's tables.
+// Redis's own client count covers every process connected to it (the harness, the idle
+// instances of the other measurements); this is one process's share.
+func tcpConnsTo(pid int, addr string) int {
+	_, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return 0
+	}
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return 0
+	}
+	inodes := map[string]bool{}
+	for _, ent := range ents {
+		l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, ent.Name()))
+		if ino, ok := strings.CutPrefix(l, "socket:["); err == nil && ok {
+			inodes[strings.TrimSuffix(ino, "]")] = true
+		}
+	}
+	want := fmt.Sprintf(":%04X", port)
+	n := 0
+	for _, table := range []string{"tcp", "tcp6"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, table))
+		if err != nil {
+			continue
+		}
+		// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) > 9 && strings.HasSuffix(f[2], want) && f[3] == "01" && inodes[f[9]] {
+				n++
+			}
+		}
+	}
+	return n
+}

@@ -315,12 +315,15 @@ func rssSection(b *strings.Builder, r *results) {
 		return
 	}
 	w := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
-	w("## Memory per waiting request\n\nA fresh proxy instance, warmed with 50 requests, then N client requests (each on its own connection) wait for upstream calls that are held until the measurement is taken. RSS per waiting request = (RSS while they wait − RSS before) / N. \"Another instance\" is a single-flight group in the harness process that owns the calls, so the measured instance follows them through Redis (one subscription per prompt on the instance's pub/sub connection).\n\n")
-	w("| waiting requests | case | RSS before → while waiting | per waiting request | goroutines | open fds | Redis clients (blocked) | Redis commands/s while waiting | release → last answer | answered 200 | roles | note |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	w("## Memory per waiting request\n\nA fresh proxy instance, warmed with 50 requests, then N client requests (each on its own connection) wait for upstream calls that are held until the measurement is taken. RSS per waiting request = (RSS while they wait − RSS before) / N. \"Another instance\" is an owner process of the harness's own (the bench binary run again, not the load generator): a single-flight group on go-redis's default pool that owns the calls and holds them until the release, so the measured instance follows them through Redis (one subscription per prompt on the instance's pub/sub connection); the Redis commands while waiting include its lease renewals, and release → last answer includes its final writes (the note says when they were done). Redis clients: Redis's own count, which includes the harness and the idle instances of the other measurements, then the connections of the measured instance and of the owner process.\n\n")
+	w("| waiting requests | case | RSS before → while waiting | per waiting request | goroutines | open fds | Redis clients (blocked): all; this instance; owner process | Redis commands/s while waiting | release → last answer | answered 200 | roles | note |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, row := range r.RSS {
 		gor, redisCol, cmds := "–", "–", "–"
 		if row.Case != rssDirect {
-			gor, redisCol, cmds = fmt.Sprintf("%.0f", row.Goroutines), fmt.Sprintf("%d (%d)", row.RedisClients, row.RedisBlocked), perSecond(row.WaitCmds)
+			gor, redisCol, cmds = fmt.Sprintf("%.0f", row.Goroutines), fmt.Sprintf("%d (%d); %d", row.RedisClients, row.RedisBlocked, row.RedisConns), perSecond(row.WaitCmds)
+			if row.Case == rssRemoteKeys {
+				redisCol += fmt.Sprintf("; %d", row.OwnerRedisConns)
+			}
 		}
 		w("| %d | %s | %.0f → %.0f MiB | %.1f KiB | %s | %d | %s | %s | %s s | %d of %d | %s | %s |\n", row.N, row.Case, float64(row.BaseRSS)/(1<<20), float64(row.RSS)/(1<<20),
 			row.PerRequest/1024, gor, row.FDs, redisCol, cmds, f2(row.ReleaseSeconds), row.OK, row.N, roles(row.Roles), strings.TrimSpace(row.Note))
