@@ -27,8 +27,9 @@ import (
 // singleflight.Group that owns one flight per prompt and holds every call until told to
 // release them, so that the instance measured follows them through Redis exactly as it
 // would follow another instance. It is this binary run again with ownersEnv set, not a
-// Group inside the harness: there its 10,000 final writes would compete with the load
-// generator's 10,000 connections, and the harness's work would be charged to the proxy.
+// Group inside the harness: there its 10,000 final writes shared a scheduler, a garbage
+// collector and a Redis pool with the load generator's 10,000 connections, and the Redis
+// client count mixed the harness's pool with the proxy's.
 //
 // The protocol, one line each way: the owner process prints "owned N" once it owns every
 // flight, reads a line (or end of file) from stdin and releases them all, and once its
