@@ -59,6 +59,7 @@ type remote struct {
 	rdb     redis.UniversalClient
 	wake    *wakeHub      // the pub/sub connection followers wait on
 	renewer *renewer      // every owned lease, renewed in one batch
+	batch   batcher       // lookups and completes, in pipelines when many run at once
 	local   atomic.Uint64 // makes tokens unique within this process
 	// recheckEvery, if set, caps how long a follower waits without looking the flight up
 	// (tests: to make a follower look again while its owner is alive but silent).
@@ -76,6 +77,7 @@ type remote struct {
 func newRemote(g *Group) *remote {
 	r := &remote{g: g, rdb: g.opts.Redis, down: map[string]bool{}}
 	r.wake, r.renewer = newWakeHub(r), newRenewer(r)
+	r.batch.r = r
 	return r
 }
 
@@ -120,7 +122,7 @@ type decision struct {
 func (r *remote) lookup(ctx context.Context, key string, noCache bool, candidate string, co CallOptions) (decision, error) {
 	k := r.keys(key)
 	o := r.g.opts
-	v, err := lookupScript.Run(ctx, r.rdb, []string{k.meta, k.result, k.stream},
+	v, err := r.batch.run(lookupScript, []string{k.meta, k.result, k.stream},
 		flag(noCache), candidate, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.Linger.Milliseconds(),
 		co.MaxAge.Milliseconds(), co.Route, co.Model).Slice()
 	if err != nil {

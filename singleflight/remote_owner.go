@@ -103,7 +103,7 @@ func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, da
 
 func (o *remoteOwnership) complete(ctx context.Context, fin final) error {
 	opts := o.r.g.opts
-	v, err := completeScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream, o.k.result},
+	v, err := o.r.batch.run(completeScript, []string{o.k.meta, o.k.stream, o.k.result},
 		o.args(o.token, fin.landedN, fin.skip, fin.head.Status, encodeHeader(fin.head.Header), fin.tail, fin.transcript,
 			flag(fin.store), fin.ttl.Milliseconds(), opts.Linger.Milliseconds())...).Int64()
 	return o.fenced("complete", v, err)
