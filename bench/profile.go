@@ -33,7 +33,7 @@ type profileRow struct {
 var profileBuckets = []struct{ label, re string }{
 	{"HTTP server: read request, handler, write answer (net/http.(*conn).serve)", `^net/http\.\(\*conn\)\.serve$`},
 	{"request key (hashing.(*Hasher).KeyIn)", `hashing\.\(\*Hasher\)\.KeyIn$`},
-	{"Redis round trips, every script (go-redis (*Script).Run)", `go-redis/v9\.\(\*Script\)\.Run$`},
+	{"Redis round trips, every script (go-redis (*Script).Run, (*Pipeline).Exec)", `go-redis/v9\.\((\*Script\)\.Run|\*Pipeline\)\.Exec)$`},
 	{"lookup: script and decoding its answer (singleflight.(*remote).lookup)", `singleflight\.\(\*remote\)\.lookup$`},
 	{"… decoding a hit's stored header (singleflight.decodeHead)", `singleflight\.decodeHead$`},
 	{"INCR owner-seq (singleflight.(*remote).newToken)", `singleflight\.\(\*remote\)\.newToken$`},
