@@ -33,12 +33,12 @@ type wakeHub struct {
 
 	mu         sync.Mutex
 	ps         *redis.PubSub
-	watches    map[string][]*watch // channel → its watchers
-	listeners  map[string]listener // channels subscribed for the Group's life
-	subscribed map[string]bool     // channels the sender has subscribed (and not left)
-	dirty      map[string]bool     // channels whose watchers changed since the sender looked
-	flush      chan struct{}       // has room for one: dirty has channels
-	down       atomic.Bool         // the connection failed and has not delivered since
+	watches    map[string]map[*watch]struct{} // channel → its watchers (a set: ten thousand followers may share an alive channel)
+	listeners  map[string]listener            // channels subscribed for the Group's life
+	subscribed map[string]bool                // channels the sender has subscribed (and not left)
+	dirty      map[string]bool                // channels whose watchers changed since the sender looked
+	flush      chan struct{}                  // has room for one: dirty has channels
+	down       atomic.Bool                    // the connection failed and has not delivered since
 	alive      map[string]*aliveState
 }
 
@@ -73,7 +73,7 @@ type listener struct {
 }
 
 func newWakeHub(r *remote) *wakeHub {
-	return &wakeHub{r: r, watches: map[string][]*watch{}, listeners: map[string]listener{},
+	return &wakeHub{r: r, watches: map[string]map[*watch]struct{}{}, listeners: map[string]listener{},
 		subscribed: map[string]bool{}, dirty: map[string]bool{}, flush: make(chan struct{}, 1),
 		alive: map[string]*aliveState{}}
 }
@@ -115,7 +115,12 @@ func (h *wakeHub) watch(channel string) (*watch, error) {
 		h.mu.Unlock()
 		return nil, err
 	}
-	h.watches[channel] = append(h.watches[channel], w)
+	set := h.watches[channel]
+	if set == nil {
+		set = map[*watch]struct{}{}
+		h.watches[channel] = set
+	}
+	set[w] = struct{}{}
 	subscribed := h.subscribed[channel]
 	if !subscribed {
 		h.dirty[channel] = true
@@ -293,8 +298,10 @@ func (h *wakeHub) aliveUntil(channel string) time.Time {
 func (h *wakeHub) all(fn func(*watch)) {
 	h.mu.Lock()
 	var ws []*watch
-	for _, cw := range h.watches {
-		ws = append(ws, cw...)
+	for _, set := range h.watches {
+		for w := range set {
+			ws = append(ws, w)
+		}
 	}
 	h.mu.Unlock()
 	for _, w := range ws {
@@ -305,8 +312,12 @@ func (h *wakeHub) all(fn func(*watch)) {
 
 // each runs fn on every watcher of channel, then wakes it.
 func (h *wakeHub) each(channel string, fn func(*watch)) {
+	var buf [4]*watch
+	ws := buf[:0]
 	h.mu.Lock()
-	ws := h.watches[channel]
+	for w := range h.watches[channel] {
+		ws = append(ws, w)
+	}
 	h.mu.Unlock()
 	for _, w := range ws {
 		fn(w)
@@ -357,15 +368,9 @@ func (w *watch) takeGone() []string {
 func (w *watch) close() {
 	h := w.hub
 	h.mu.Lock()
-	ws := h.watches[w.channel]
-	for i, x := range ws {
-		if x == w {
-			ws = append(ws[:i:i], ws[i+1:]...)
-			break
-		}
-	}
-	if len(ws) > 0 {
-		h.watches[w.channel] = ws
+	set := h.watches[w.channel]
+	delete(set, w)
+	if len(set) > 0 {
 		h.mu.Unlock()
 		return
 	}
