@@ -134,8 +134,8 @@ type Options struct {
 	// Annotate, if set, is called once for each answer kept in this process (made here or
 	// read from Redis), outside the Group's locks, and what it returns is given with the
 	// answer to each hit served from this process's store as Head.Note: what every hit
-	// would work out from the body is worked out once. The hit that read the answer from
-	// Redis gets no Note, and neither do owners and followers. If nil, hits get no Note.
+	// would work out from the body is worked out once, the hit that read it from Redis
+	// included. Owners and followers get no Note. If nil, hits get no Note.
 	Annotate func(h Head, body []byte) any
 	// InstanceID names this process in tokens and meta. If empty, a random one is used.
 	InstanceID string

@@ -255,21 +255,17 @@ func (l *leader) resume(ev wakeEvent) {
 func (l *leader) afterFollow(end followEnd) bool {
 	g, f := l.r.g, l.f
 	l.fw = nil
-	if l.site == followNewer {
-		switch end.kind {
-		case followDone:
-			return true
-		case followRedisErr:
-			l.local = true
-		}
-		return false
-	}
 	switch end.kind {
 	case followDone:
 		return true
 	case followRedisErr:
 		l.local = true
 		return false
+	}
+	if l.site == followNewer {
+		return false // the newer attempt was not in the stream: look again
+	}
+	switch end.kind {
 	case followLost:
 		// Take the stored answer if there is one, else call again.
 		l.fresh, l.contended, l.streamTried = false, true, true
