@@ -9,19 +9,7 @@ import (
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
-	"github.com/redis/go-redis/v9"
 )
-
-// cmdCounter counts the commands a client sends: Redis round trips.
-type cmdCounter struct{ n atomic.Int64 }
-
-func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { c.n.Add(1); return next(ctx, cmd) }
-}
-func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { c.n.Add(1); return next(ctx, cmds) }
-}
 
 func instant(ctx context.Context, w *Writer) (Result, error) {
 	return Result{Head: Head{Status: 200}, Body: []byte(`{"ok":true}`)}, nil

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
-	"github.com/redis/go-redis/v9"
 )
 
 func TestOneOwnerAcrossGroups(t *testing.T) {
@@ -154,22 +153,6 @@ func containsInstance(token, id string) bool {
 	return strings.Contains(token, "-"+id+"-")
 }
 
-// claimCounter counts the claims a client sends (claim.lua: takeovers, compare-and-set).
-type claimCounter struct{ n atomic.Int64 }
-
-func (c *claimCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c *claimCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (c *claimCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if a := cmd.Args(); len(a) > 1 && a[0] == "evalsha" && a[1] == claimScript.Hash() {
-			c.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-
 func TestThunderingHerd(t *testing.T) {
 	srv := redistest.Start(t)
 	b := backend{name: "redis", redis: srv}
@@ -194,7 +177,7 @@ func TestThunderingHerd(t *testing.T) {
 		calls.Add(1)
 		return Result{Head: Head{Status: 200}, Body: []byte("won")}, nil
 	}
-	claims := &claimCounter{}
+	claims := &cmdCounter{match: scriptRuns(claimScript)}
 	var waits []func() []outcome
 	for range 20 {
 		oi := o

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 	"go.uber.org/goleak"
 )
@@ -199,4 +201,80 @@ func waitCond(t *testing.T, limit time.Duration, what string, cond func() bool) 
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// cmdCounter is a client hook counting the commands that match (every one when match is
+// nil): calls, and the round trips that carry them (a pipeline is one).
+type cmdCounter struct {
+	match    func(redis.Cmder) bool
+	n, calls atomic.Int64 // round trips, commands
+}
+
+// scriptRuns matches the EVALSHAs of script.
+func scriptRuns(script *redis.Script) func(redis.Cmder) bool {
+	return func(cmd redis.Cmder) bool {
+		a := cmd.Args()
+		return len(a) > 1 && a[0] == "evalsha" && a[1] == script.Hash()
+	}
+}
+
+func (c *cmdCounter) count(cmds ...redis.Cmder) {
+	k := 0
+	for _, cmd := range cmds {
+		if c.match == nil || c.match(cmd) {
+			k++
+		}
+	}
+	if k > 0 {
+		c.n.Add(1)
+		c.calls.Add(int64(k))
+	}
+}
+
+func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { c.count(cmd); return next(ctx, cmd) }
+}
+func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { c.count(cmds...); return next(ctx, cmds) }
+}
+
+// ownEach starts n flights of new keys on g, the i-th run by fn(i), and waits until g
+// owns them all.
+func ownEach(t *testing.T, g *Group, n int, fn func(i int) Func) ([]string, []*Reader) {
+	t.Helper()
+	keys := make([]string, n)
+	readers := make([]*Reader, n)
+	for i := range keys {
+		keys[i] = uniqueKey()
+		r, err := g.Do(keys[i], false, fn(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		readers[i] = r
+	}
+	waitCond(t, 10*time.Second, "owners running", func() bool { return g.Owned() == n })
+	return keys, readers
+}
+
+// followEach starts a flight of each key on g and waits until every one follows.
+func followEach(t *testing.T, g *Group, keys []string, fn Func) []*Reader {
+	t.Helper()
+	readers := make([]*Reader, len(keys))
+	for i, k := range keys {
+		r, err := g.Do(k, false, fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readers[i] = r
+	}
+	waitCond(t, 10*time.Second, "every flight following", func() bool {
+		for _, k := range keys {
+			if g.flightRole(k) != RoleFollower {
+				return false
+			}
+		}
+		return true
+	})
+	return readers
 }

@@ -21,39 +21,14 @@ func TestParkedFollowersHoldNoGoroutine(t *testing.T) {
 	follower := b.group(t, Options{})
 	const n = 200
 	rp := newReply(`{"answer":42}`)
-	keys := make([]string, n)
-	var owned []*Reader
-	for i := range keys {
-		keys[i] = uniqueKey()
-		r, err := owner.Do(keys[i], false, rp.fn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		owned = append(owned, r)
-	}
-	waitCond(t, 10*time.Second, "owners running", func() bool { return owner.Owned() == n })
+	keys, owned := ownEach(t, owner, n, func(int) Func { return rp.fn })
 	base := runtime.NumGoroutine()
 
 	notCalled := func(context.Context, *Writer) (Result, error) {
 		t.Error("a follower called upstream")
 		return Result{}, nil
 	}
-	var waiting []*Reader
-	for _, k := range keys {
-		r, err := follower.Do(k, false, notCalled)
-		if err != nil {
-			t.Fatal(err)
-		}
-		waiting = append(waiting, r)
-	}
-	waitCond(t, 10*time.Second, "every flight following", func() bool {
-		for _, k := range keys {
-			if follower.flightRole(k) != RoleFollower {
-				return false
-			}
-		}
-		return true
-	})
+	waiting := followEach(t, follower, keys, notCalled)
 	// Each follower reads its stream, then parks: its goroutine returns.
 	waitCond(t, 10*time.Second, "followers parked", func() bool { return runtime.NumGoroutine() < base+n/10 })
 
@@ -93,26 +68,8 @@ func TestAliveMessagesWakeNoFollower(t *testing.T) {
 	t.Cleanup(func() { follower.Close(context.Background()) })
 	const n = 100
 	rp := newReply(`{"answer":42}`)
-	keys := make([]string, n)
-	var readers []*Reader
-	for i := range keys {
-		keys[i] = uniqueKey()
-		r, _ := owner.Do(keys[i], false, rp.fn)
-		readers = append(readers, r)
-	}
-	waitCond(t, 10*time.Second, "owners running", func() bool { return owner.Owned() == n })
-	for _, k := range keys {
-		r, _ := follower.Do(k, false, rp.fn)
-		readers = append(readers, r)
-	}
-	waitCond(t, 10*time.Second, "every flight following", func() bool {
-		for _, k := range keys {
-			if follower.flightRole(k) != RoleFollower {
-				return false
-			}
-		}
-		return true
-	})
+	keys, readers := ownEach(t, owner, n, func(int) Func { return rp.fn })
+	readers = append(readers, followEach(t, follower, keys, rp.fn)...)
 	// Settled: every follower has read its stream and its subscription was confirmed.
 	waitCond(t, 10*time.Second, "followers parked", func() bool { return resumed.Swap(0) == 0 })
 	for range 10 {
@@ -138,29 +95,13 @@ func TestAliveMessagesWakeNoFollower(t *testing.T) {
 	}
 }
 
-// xreadCounter counts the XREADs a client sends.
-type xreadCounter struct{ n atomic.Int64 }
-
-func (c *xreadCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c *xreadCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "xread" {
-			c.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-func (c *xreadCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // TestFollowerOfUnaryFlightReadsOnce: a follower that joins a flight with nothing streamed
 // yet reads the stream once, when its subscription is confirmed; the answer is pushed.
 func TestFollowerOfUnaryFlightReadsOnce(t *testing.T) {
 	b := backend{name: "redis", redis: redistest.Start(t)}
 	owner := b.group(t, Options{})
 	fc := b.redis.Client()
-	xr := &xreadCounter{}
+	xr := &cmdCounter{match: func(cmd redis.Cmder) bool { return cmd.Name() == "xread" }}
 	fc.AddHook(xr)
 	follower := New(Options{Redis: fc})
 	t.Cleanup(func() { follower.Close(context.Background()) })
