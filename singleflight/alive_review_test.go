@@ -2,7 +2,6 @@ package singleflight
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -29,17 +28,9 @@ func TestAliveOfOtherFlightDoesNotKeepStuckOwner(t *testing.T) {
 	a, f := b.group(t, o), b.group(t, o)
 
 	defer keepBusy(a)()
-	running := make(chan struct{}, 1)
 
 	key := uniqueKey()
-	stuck := make(chan struct{})
-	defer close(stuck)
-	ra, _ := a.Do(key, false, started(running, func(ctx context.Context, w *Writer) (Result, error) {
-		<-stuck // ignores ctx
-		return Result{}, errors.New("stuck")
-	}))
-	defer ra.Close()
-	<-running
+	stuckOwner(t, a, key)
 	rp := newReply("second")
 	rp.release()
 	rf, _ := f.Do(key, false, rp.fn)

@@ -158,15 +158,7 @@ func TestHeartbeatStopsAtHardTimeout(t *testing.T) {
 	o := Options{Timeout: 300 * time.Millisecond, LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, MaxAttempts: 2}
 	a, f := b.group(t, o), b.group(t, o)
 	key := uniqueKey()
-	stuck := make(chan struct{})
-	defer close(stuck)
-	running := make(chan struct{}, 1)
-	ra, _ := a.Do(key, false, started(running, func(ctx context.Context, w *Writer) (Result, error) {
-		<-stuck // ignores ctx
-		return Result{}, errors.New("stuck")
-	}))
-	defer ra.Close()
-	<-running
+	stuckOwner(t, a, key)
 	rp := newReply("second")
 	rp.release()
 	if got := doAll(t, f, key, 1, rp.fn)()[0]; got.body != "second" {

@@ -278,3 +278,20 @@ func followEach(t *testing.T, g *Group, keys []string, fn Func) []*Reader {
 	})
 	return readers
 }
+
+// stuckOwner starts key's flight on g with an owner function that ignores its context and
+// returns only when the test ends, and waits until it runs.
+func stuckOwner(t *testing.T, g *Group, key string) {
+	t.Helper()
+	stuck := make(chan struct{})
+	running := make(chan struct{}, 1)
+	r, err := g.Do(key, false, started(running, func(ctx context.Context, w *Writer) (Result, error) {
+		<-stuck // ignores ctx
+		return Result{}, errors.New("stuck")
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-running
+	t.Cleanup(func() { r.Close(); close(stuck) })
+}

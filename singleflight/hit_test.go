@@ -69,9 +69,7 @@ func TestStoredResultAfterFlightInProgress(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			g := b.group(t, Options{ResultTTL: time.Minute})
 			key := uniqueKey()
-			old := newReply("old")
-			old.release()
-			doAll(t, g, key, 1, old.fn)()
+			storeOne(t, g, key, "old")
 
 			fresh := newReply("fresh")
 			running := make(chan struct{}, 1)
