@@ -1,13 +1,9 @@
 package e2e
 
 import (
-	"bufio"
-	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -154,117 +150,5 @@ func wantFailure(t testing.TB, who string, r streamResult, status int, n int64) 
 	}
 	if id := r.header.Get("X-Request-Id"); id != fmt.Sprintf("req_%d", n) {
 		t.Errorf("%s: X-Request-Id %q with the body of call %d: a mixed answer", who, id, n)
-	}
-}
-
-// sseClient is a streaming request in the background that reports how far it got, so that
-// a test knows an instance has passed on every chunk written so far.
-type sseClient struct {
-	mu       sync.Mutex
-	got      string
-	changed  chan struct{} // closed and replaced when bytes arrive or the answer ends
-	finished chan struct{} // closed when res is set
-	res      streamResult
-}
-
-// openSSE sends a streaming chat request with the given extra header pairs.
-func openSSE(base, body, apiKey string, hdr ...string) *sseClient {
-	s := &sseClient{changed: make(chan struct{}), finished: make(chan struct{})}
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), clientTimeout)
-		defer cancel()
-		var r streamResult
-		defer func() {
-			s.mu.Lock()
-			s.res = r
-			close(s.finished)
-			s.notify()
-			s.mu.Unlock()
-		}()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+chatPath, strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+apiKey)
-		for i := 0; i+1 < len(hdr); i += 2 {
-			req.Header.Set(hdr[i], hdr[i+1])
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			r.err = err
-			return
-		}
-		defer resp.Body.Close()
-		r.status, r.header = resp.StatusCode, resp.Header
-		br := bufio.NewReader(resp.Body)
-		for {
-			line, err := br.ReadString('\n')
-			s.mu.Lock()
-			s.got += line
-			r.transcript = s.got
-			s.notify()
-			s.mu.Unlock()
-			if err != nil {
-				if err != io.EOF {
-					r.err = err
-				}
-				return
-			}
-		}
-	}()
-	return s
-}
-
-// notify wakes waiters; s.mu must be held.
-func (s *sseClient) notify() {
-	close(s.changed)
-	s.changed = make(chan struct{})
-}
-
-// waitEvents waits until n whole events have arrived; it fails the test if the answer ends
-// first or after 10 s.
-func (s *sseClient) waitEvents(t testing.TB, who string, n int) {
-	t.Helper()
-	timer := time.NewTimer(10 * time.Second)
-	defer timer.Stop()
-	for {
-		s.mu.Lock()
-		got, ch := strings.Count(s.got, "\n\n"), s.changed
-		ended, r := isClosed(s.finished), s.res
-		s.mu.Unlock()
-		if got >= n {
-			return
-		}
-		if ended {
-			t.Fatalf("%s: answer ended after %d events; want %d first: %d %v %q", who, got, n, r.status, r.err, r.transcript)
-		}
-		select {
-		case <-ch:
-		case <-timer.C:
-			t.Fatalf("%s: %d events in 10s; want %d", who, got, n)
-		}
-	}
-}
-
-// result waits for the whole answer (a client times out after clientTimeout).
-func (s *sseClient) result() streamResult {
-	<-s.finished
-	return s.res
-}
-
-// resultWithin is result bounded by d; ok is false if the answer has not ended by then.
-func (s *sseClient) resultWithin(d time.Duration) (streamResult, bool) {
-	select {
-	case <-s.finished:
-		return s.res, true
-	case <-time.After(d):
-		return streamResult{}, false
-	}
-}
-
-func isClosed(ch chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
 	}
 }

@@ -371,17 +371,17 @@ func burstAndHits(t *testing.T, c *cluster, body string, n int) []answer {
 func streamBurst(t *testing.T, c *cluster, body string, n int) []answer {
 	t.Helper()
 	c.fake.set(fakeupstream.Behavior{Hold: true, Chunks: 3})
-	var ss []*streamClient
+	var ss []*sseClient
 	for i := range n {
-		ss = append(ss, openStream(c.ins[i%len(c.ins)].URL, body, apiKeyA))
+		ss = append(ss, openSSE(c.ins[i%len(c.ins)].URL, body, apiKeyA))
 	}
 	for i, s := range ss {
-		s.waitFirst(t, fmt.Sprintf("stream %d", i))
+		s.waitEvents(t, fmt.Sprintf("stream %d", i), 1)
 	}
 	c.fake.release()
 	var as []answer
 	for _, s := range ss {
-		r := <-s.done
+		r := s.result()
 		as = append(as, answer{status: r.status, header: r.header, body: r.transcript, err: r.err})
 	}
 	return as

@@ -156,15 +156,15 @@ func testRedisRestartMidFlight(t *testing.T, persist bool) {
 
 	// Both flights are owned by the first instance, followed by the others.
 	owner := []<-chan answer{postAsync(c.ins[0].URL, chatPath, unary, apiKeyA)}
-	streams := []*streamClient{openStream(c.ins[0].URL, stream, apiKeyA)}
+	streams := []*sseClient{openSSE(c.ins[0].URL, stream, apiKeyA)}
 	c.fake.waitFor(fakeupstream.Stats{Calls: 2}, 10*time.Second)
-	streams[0].waitFirst(t, "stream owner")
+	streams[0].waitEvents(t, "stream owner", 1)
 	chs := append(owner, spread(c.ins, 11, chatPath, unary, apiKeyA)...)
 	for i := range 8 {
-		streams = append(streams, openStream(c.ins[i%3].URL, stream, apiKeyA))
+		streams = append(streams, openSSE(c.ins[i%3].URL, stream, apiKeyA))
 	}
 	for i, s := range streams {
-		s.waitFirst(t, fmt.Sprintf("stream %d", i))
+		s.waitEvents(t, fmt.Sprintf("stream %d", i), 1)
 	}
 	waitWaiting(t, c.ins, len(chs)) // streams that have their first chunk no longer wait
 
@@ -205,7 +205,7 @@ func testRedisRestartMidFlight(t *testing.T, persist bool) {
 	}
 	interrupted := 0
 	for i, s := range streams {
-		n, broken := checkStream(t, fmt.Sprintf("stream client %d", i), <-s.done, model, chunks)
+		n, broken := checkStream(t, fmt.Sprintf("stream client %d", i), s.result(), model, chunks)
 		calls[n] = true
 		if broken {
 			interrupted++

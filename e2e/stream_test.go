@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,23 +34,36 @@ func (r streamResult) role() string {
 	return r.header.Get("X-Dedupe-Role")
 }
 
-// streamClient reads a streamed answer as it arrives.
-type streamClient struct {
-	first chan struct{}     // closed when the first whole event has arrived
-	done  chan streamResult // the whole answer, at its end
+// sseClient is a streaming request in the background that reports how far it got, so that
+// a test knows an instance has passed on every chunk written so far.
+type sseClient struct {
+	mu       sync.Mutex
+	got      string
+	changed  chan struct{} // closed and replaced when bytes arrive or the answer ends
+	finished chan struct{} // closed when res is set
+	res      streamResult
 }
 
-// openStream sends a streaming request in the background.
-func openStream(base, body, apiKey string) *streamClient {
-	s := &streamClient{first: make(chan struct{}), done: make(chan streamResult, 1)}
+// openSSE sends a streaming chat request with the given extra header pairs.
+func openSSE(base, body, apiKey string, hdr ...string) *sseClient {
+	s := &sseClient{changed: make(chan struct{}), finished: make(chan struct{})}
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), clientTimeout)
 		defer cancel()
 		var r streamResult
-		defer func() { s.done <- r }()
+		defer func() {
+			s.mu.Lock()
+			s.res = r
+			close(s.finished)
+			s.notify()
+			s.mu.Unlock()
+		}()
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+chatPath, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer "+apiKey)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
 		resp, err := client.Do(req)
 		if err != nil {
 			r.err = err
@@ -58,37 +72,77 @@ func openStream(base, body, apiKey string) *streamClient {
 		defer resp.Body.Close()
 		r.status, r.header = resp.StatusCode, resp.Header
 		br := bufio.NewReader(resp.Body)
-		var got strings.Builder
-		firstSeen := false
 		for {
 			line, err := br.ReadString('\n')
-			got.WriteString(line)
-			if line == "\n" && !firstSeen {
-				firstSeen = true
-				close(s.first)
-			}
+			s.mu.Lock()
+			s.got += line
+			r.transcript = s.got
+			s.notify()
+			s.mu.Unlock()
 			if err != nil {
 				if err != io.EOF {
 					r.err = err
 				}
-				break
+				return
 			}
 		}
-		r.transcript = got.String()
 	}()
 	return s
 }
 
-// waitFirst waits until the client has its first event.
-func (s *streamClient) waitFirst(t testing.TB, who string) {
+// notify wakes waiters; s.mu must be held.
+func (s *sseClient) notify() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// waitEvents waits until n whole events have arrived; it fails the test if the answer ends
+// first or after 10 s.
+func (s *sseClient) waitEvents(t testing.TB, who string, n int) {
 	t.Helper()
+	timer := time.NewTimer(10 * time.Second)
+	defer timer.Stop()
+	for {
+		s.mu.Lock()
+		got, ch := strings.Count(s.got, "\n\n"), s.changed
+		ended, r := isClosed(s.finished), s.res
+		s.mu.Unlock()
+		if got >= n {
+			return
+		}
+		if ended {
+			t.Fatalf("%s: answer ended after %d events; want %d first: %d %v %q", who, got, n, r.status, r.err, r.transcript)
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			t.Fatalf("%s: %d events in 10s; want %d", who, got, n)
+		}
+	}
+}
+
+// result waits for the whole answer (a client times out after clientTimeout).
+func (s *sseClient) result() streamResult {
+	<-s.finished
+	return s.res
+}
+
+// resultWithin is result bounded by d; ok is false if the answer has not ended by then.
+func (s *sseClient) resultWithin(d time.Duration) (streamResult, bool) {
 	select {
-	case <-s.first:
-	case r := <-s.done:
-		s.done <- r
-		t.Fatalf("%s: stream ended before its first event: %d %v %q", who, r.status, r.err, r.transcript)
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s: no first event within 10s", who)
+	case <-s.finished:
+		return s.res, true
+	case <-time.After(d):
+		return streamResult{}, false
+	}
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -143,15 +197,15 @@ func TestStreamingAcrossInstances(t *testing.T) {
 	model := "e2e-stream"
 	body := streamBody(model, "stream across instances")
 
-	owner := openStream(c.ins[0].URL, body, apiKeyA)
+	owner := openSSE(c.ins[0].URL, body, apiKeyA)
 	c.fake.waitFor(fakeupstream.Stats{Calls: 1}, 10*time.Second)
-	owner.waitFirst(t, "owner")
-	clients := []*streamClient{owner}
+	owner.waitEvents(t, "owner", 1)
+	clients := []*sseClient{owner}
 	for i := range 14 { // joining mid-stream: 4 more on the owner's instance, 5 on each other
-		clients = append(clients, openStream(c.ins[(i+1)%3].URL, body, apiKeyA))
+		clients = append(clients, openSSE(c.ins[(i+1)%3].URL, body, apiKeyA))
 	}
 	for i, s := range clients {
-		s.waitFirst(t, fmt.Sprintf("client %d", i))
+		s.waitEvents(t, fmt.Sprintf("client %d", i), 1)
 	}
 	if s := c.fake.stats(); s.Completed != 0 || s.Calls != 1 {
 		t.Fatalf("upstream %+v when every client had its first chunk; want 1 call, still holding its last chunk", s)
@@ -161,7 +215,7 @@ func TestStreamingAcrossInstances(t *testing.T) {
 	rs := make([]streamResult, len(clients))
 	roleCount := map[string]int{}
 	for i, s := range clients {
-		rs[i] = <-s.done
+		rs[i] = s.result()
 		roleCount[rs[i].role()]++
 		if n, broken := checkStream(t, fmt.Sprintf("client %d", i), rs[i], model, chunks); n != 1 || broken {
 			t.Errorf("client %d: call %d, interrupted %v; want the whole stream of call 1", i, n, broken)
@@ -172,7 +226,7 @@ func TestStreamingAcrossInstances(t *testing.T) {
 	}
 
 	// The whole transcript was stored: a later request on another instance replays it.
-	hit := <-openStream(c.ins[2].URL, body, apiKeyA).done
+	hit := openSSE(c.ins[2].URL, body, apiKeyA).result()
 	if n, broken := checkStream(t, "hit", hit, model, chunks); n != 1 || broken || hit.role() != "hit" {
 		t.Errorf("repeat: role %q, call %d, interrupted %v; want a hit replaying call 1", hit.role(), n, broken)
 	}
@@ -199,20 +253,20 @@ func TestStreamOwnerKilled(t *testing.T) {
 		model := "e2e-stream-kill-early"
 		body := streamBody(model, "killed before a byte")
 		c.fake.set(fakeupstream.Behavior{Delay: time.Minute, Chunks: chunks}) // the first event never comes
-		owner := openStream(c.ins[0].URL, body, apiKeyA)
+		owner := openSSE(c.ins[0].URL, body, apiKeyA)
 		c.fake.waitFor(fakeupstream.Stats{Calls: 1}, 10*time.Second)
-		var followers []*streamClient
+		var followers []*sseClient
 		for i := range 6 {
-			followers = append(followers, openStream(c.ins[1+i%2].URL, body, apiKeyA))
+			followers = append(followers, openSSE(c.ins[1+i%2].URL, body, apiKeyA))
 		}
 		waitWaiting(t, c.ins, 7)
 		c.fake.set(fakeupstream.Behavior{Chunks: chunks}) // the next call streams at once
 		c.ins[0].killHard()
-		if r := <-owner.done; r.err == nil && r.status != 0 {
+		if r := owner.result(); r.err == nil && r.status != 0 {
 			t.Errorf("owner's client: %d %q; want a broken connection", r.status, r.transcript)
 		}
 		for i, s := range followers {
-			if n, broken := checkStream(t, fmt.Sprintf("follower %d", i), <-s.done, model, chunks); n != 2 || broken {
+			if n, broken := checkStream(t, fmt.Sprintf("follower %d", i), s.result(), model, chunks); n != 2 || broken {
 				t.Errorf("follower %d: call %d, interrupted %v; want the whole stream of call 2", i, n, broken)
 			}
 		}
@@ -225,15 +279,15 @@ func TestStreamOwnerKilled(t *testing.T) {
 		model := "e2e-stream-kill-late"
 		body := streamBody(model, "killed mid-stream")
 		c.fake.set(fakeupstream.Behavior{Hold: true, Chunks: chunks})
-		owner := openStream(c.ins[0].URL, body, apiKeyA)
+		owner := openSSE(c.ins[0].URL, body, apiKeyA)
 		c.fake.waitFor(fakeupstream.Stats{Calls: 1}, 10*time.Second)
-		owner.waitFirst(t, "owner")
-		var followers []*streamClient
+		owner.waitEvents(t, "owner", 1)
+		var followers []*sseClient
 		for i := range 6 {
-			followers = append(followers, openStream(c.ins[1+i%2].URL, body, apiKeyA))
+			followers = append(followers, openSSE(c.ins[1+i%2].URL, body, apiKeyA))
 		}
 		for i, s := range followers {
-			s.waitFirst(t, fmt.Sprintf("follower %d", i))
+			s.waitEvents(t, fmt.Sprintf("follower %d", i), 1)
 		}
 		left := leaseLeft(t, c)
 		killed := time.Now()
@@ -241,7 +295,7 @@ func TestStreamOwnerKilled(t *testing.T) {
 		// Every follower already has bytes of call 1: no new call can serve them, so none
 		// is made for them. Their streams end with the error event when the lease runs out.
 		for i, s := range followers {
-			if n, broken := checkStream(t, fmt.Sprintf("follower %d", i), <-s.done, model, chunks); n != 1 || !broken {
+			if n, broken := checkStream(t, fmt.Sprintf("follower %d", i), s.result(), model, chunks); n != 1 || !broken {
 				t.Errorf("follower %d: call %d, interrupted %v; want call 1's chunks ended by a stream_interrupted event", i, n, broken)
 			}
 		}
@@ -250,14 +304,14 @@ func TestStreamOwnerKilled(t *testing.T) {
 		}
 		// A client that tries again takes the flight over and gets call 2 whole.
 		c.fake.release()
-		again := <-openStream(c.ins[1].URL, body, apiKeyA).done
+		again := openSSE(c.ins[1].URL, body, apiKeyA).result()
 		took := time.Since(killed)
 		if n, broken := checkStream(t, "request after the kill", again, model, chunks); n != 2 || broken {
 			t.Errorf("request after the kill: call %d, interrupted %v; want call 2's whole stream", n, broken)
 		}
 		t.Logf("TAKEOVER stream-kill=%dms lease=%dms lease_left_at_kill=%dms", ms(took), ms(leaseTTL), ms(left))
 		// The new owner's stream is whole and stored: a new request replays it.
-		hit := <-openStream(c.ins[2].URL, body, apiKeyA).done
+		hit := openSSE(c.ins[2].URL, body, apiKeyA).result()
 		if n, broken := checkStream(t, "request after the takeover", hit, model, chunks); n != 2 || broken {
 			t.Errorf("request after the takeover: call %d, interrupted %v; want call 2's whole stream", n, broken)
 		}
