@@ -239,7 +239,7 @@ func (in *instance) readyz() (readiness, error) {
 
 func (in *instance) waitReady(d time.Duration) {
 	in.t.Helper()
-	waitUntil(in.t, d, in.name+" ready on the redis backend", func() (bool, string) {
+	redistest.WaitUntil(in.t, d, in.name+" ready on the redis backend", func() (bool, string) {
 		r, err := in.readyz()
 		return err == nil && r.Code == 200 && r.Backend == "redis" && !r.Degraded, fmt.Sprintf("%+v %v", r, err)
 	})
@@ -248,27 +248,10 @@ func (in *instance) waitReady(d time.Duration) {
 // waitDegraded waits until /readyz says degraded is want (and the instance still ready).
 func (in *instance) waitDegraded(want bool, d time.Duration) {
 	in.t.Helper()
-	waitUntil(in.t, d, fmt.Sprintf("%s /readyz degraded=%v", in.name, want), func() (bool, string) {
+	redistest.WaitUntil(in.t, d, fmt.Sprintf("%s /readyz degraded=%v", in.name, want), func() (bool, string) {
 		r, err := in.readyz()
 		return err == nil && r.Code == 200 && r.Degraded == want, fmt.Sprintf("%+v %v", r, err)
 	})
-}
-
-// waitUntil polls cond until it holds; it is for states that no event announces (a gauge,
-// a readiness answer). It fails the test with cond's last description after d.
-func waitUntil(t testing.TB, d time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		ok, last := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within %v; last: %s", what, d, last)
-		}
-		time.Sleep(10 * time.Millisecond) // polling: there is no event to wait on
-	}
 }
 
 // metric is the sum of the samples of name on the instance's /metrics whose labels
@@ -344,7 +327,7 @@ func sum(ins []*instance, name string, want map[string]string) float64 {
 // instances' llm_dedupe_waiting_requests gauges say.
 func waitWaiting(t testing.TB, ins []*instance, n int) {
 	t.Helper()
-	waitUntil(t, 20*time.Second, fmt.Sprintf("%d requests waiting", n), func() (bool, string) {
+	redistest.WaitUntil(t, 20*time.Second, fmt.Sprintf("%d requests waiting", n), func() (bool, string) {
 		got := sum(ins, "llm_dedupe_waiting_requests", nil)
 		return int(got) == n, fmt.Sprintf("%v waiting", got)
 	})

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
 // There is no container engine where the suite runs: these tests check what can be checked
@@ -399,7 +401,7 @@ func TestDockerfile(t *testing.T) {
 	if code, out := healthcheck(addr); code != 0 {
 		t.Errorf("healthcheck of a running proxy: status %d %s; want 0", code, out)
 	}
-	if code, out := healthcheck(freeAddr(t)); code == 0 {
+	if code, out := healthcheck(redistest.FreeAddr(t)); code == 0 {
 		t.Errorf("healthcheck with nothing listening: status 0 %s; want a failure", out)
 	}
 

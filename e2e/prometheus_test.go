@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -19,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/fakeupstream"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
 // Paths of the deployment files, from the repository root.
@@ -73,7 +73,7 @@ func startPrometheus(t *testing.T, ins []*instance) *prom {
 		t.Fatal(err)
 	}
 	for try := 0; ; try++ {
-		addr := freeAddr(t)
+		addr := redistest.FreeAddr(t)
 		p := startProc(t, "prometheus", bin, nil, "--config.file="+file, "--storage.tsdb.path="+filepath.Join(dir, "data"),
 			"--web.listen-address="+addr, "--log.level=warn", "--storage.tsdb.retention.time=1h")
 		pr := &prom{proc: p, URL: "http://" + addr}
@@ -101,16 +101,6 @@ func startPrometheus(t *testing.T, ins []*instance) *prom {
 		}
 		p.kill() // the port was taken in between: try another one
 	}
-}
-
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // sample is one element of an instant vector.
@@ -170,7 +160,7 @@ func (p *prom) scalar(t testing.TB, expr string) float64 {
 // waitValue waits until expr answers want (a scrape interval or two).
 func (p *prom) waitValue(t testing.TB, expr string, want float64) {
 	t.Helper()
-	waitUntil(t, 15*time.Second, fmt.Sprintf("prometheus: %s == %v", expr, want), func() (bool, string) {
+	redistest.WaitUntil(t, 15*time.Second, fmt.Sprintf("prometheus: %s == %v", expr, want), func() (bool, string) {
 		v := p.scalar(t, expr)
 		return v == want, fmt.Sprint(v)
 	})
@@ -181,7 +171,7 @@ func (p *prom) waitScrapedAfter(t testing.TB, ts time.Time) {
 	t.Helper()
 	expr := fmt.Sprintf(`min(timestamp(up{job=%q}))`, promJob)
 	at := float64(ts.UnixMilli()) / 1000
-	waitUntil(t, 15*time.Second, "prometheus scraped every instance after the traffic", func() (bool, string) {
+	redistest.WaitUntil(t, 15*time.Second, "prometheus scraped every instance after the traffic", func() (bool, string) {
 		v := p.scalar(t, expr)
 		return v > at, fmt.Sprintf("last scrape %v, traffic ended %v", v, at)
 	})
@@ -283,7 +273,7 @@ func TestPrometheus(t *testing.T) {
 	}
 	calls := float64(c.fake.stats().Calls)
 	// Every request is counted by its instance before Prometheus looks.
-	waitUntil(t, 10*time.Second, "instances counted every request", func() (bool, string) {
+	redistest.WaitUntil(t, 10*time.Second, "instances counted every request", func() (bool, string) {
 		n := sum(c.ins, "llm_dedupe_requests_total", nil)
 		return n == float64(len(all)), fmt.Sprintf("%v of %d", n, len(all))
 	})

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"runtime"
 	"sync"
@@ -194,13 +195,9 @@ func started(ch chan<- struct{}, next Func) Func {
 // waitCond polls cond (for states that announce no event) until it holds or limit passes.
 func waitCond(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v (goroutines: %d)", what, limit, runtime.NumGoroutine())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	redistest.WaitUntil(t, limit, what, func() (bool, string) {
+		return cond(), fmt.Sprintf("%d goroutines", runtime.NumGoroutine())
+	})
 }
 
 // cmdCounter is a client hook counting the commands that match (every one when match is

@@ -2,7 +2,6 @@ package main
 
 import (
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,16 +10,6 @@ import (
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 // TestFlightsCommand runs serve with its admin API and lists a flight held in progress,
 // in memory and with Redis.
@@ -36,7 +25,7 @@ func TestFlightsCommand(t *testing.T) {
 				io.WriteString(w, `{"id":"x"}`)
 			}))
 			defer up.Close()
-			admin := freeAddr(t)
+			admin := redistest.FreeAddr(t)
 			args := []string{"--upstream.base_url=" + up.URL, "--admin.listen=" + admin, "--admin.token=" + token}
 			if backend == "redis" {
 				args = append(args, "--redis.addrs="+redistest.Start(t).Addr)

@@ -347,19 +347,8 @@ func (c *Cluster) formed(o ClusterOptions) (bool, string) {
 	return true, ""
 }
 
-// waitUntil polls cond (a cluster's state announces itself by no event) until it holds;
-// it fails the test with cond's last description after d.
+// waitUntil is WaitUntil for the cluster's test.
 func (c *Cluster) waitUntil(d time.Duration, what string, cond func() (bool, string)) {
 	c.t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		ok, last := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("redis cluster: %s: not reached within %v; last: %s", what, d, last)
-		}
-		time.Sleep(20 * time.Millisecond) // polling: there is no event to wait on
-	}
+	WaitUntil(c.t, d, "redis cluster: "+what, cond)
 }

@@ -1,4 +1,5 @@
-// Package redistest runs a real redis-server on a free loopback port for tests.
+// Package redistest runs a real redis-server on a free loopback port for tests, and holds
+// the small helpers the tests that start servers share (WaitUntil, FreeAddr).
 package redistest
 
 import (
@@ -71,12 +72,9 @@ func Start(t testing.TB, opts ...Options) *Server {
 
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	_, port, _ := net.SplitHostPort(FreeAddr(t))
+	p, _ := strconv.Atoi(port)
+	return p
 }
 
 func (s *Server) start() error {
