@@ -118,8 +118,9 @@ type decision struct {
 }
 
 // lookup asks what a caller of key should do; with a candidate token it may claim the
-// flight at once (answer "owner"; the caller then uses the token up).
-func (r *remote) lookup(ctx context.Context, key string, noCache bool, candidate string, co CallOptions) (decision, error) {
+// flight at once (answer "owner"; the caller then uses the token up). It goes out in a
+// shared pipeline (batcher), bounded by the write timeout, not by a caller's context.
+func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptions) (decision, error) {
 	k := r.keys(key)
 	o := r.g.opts
 	v, err := r.batch.run(lookupScript, []string{k.meta, k.result, k.stream},

@@ -113,7 +113,7 @@ func (l *leader) run() bool {
 		if l.pos.last == "" || l.streamTried {
 			candidate = r.newToken(ctx)
 		}
-		d, err := r.lookup(ctx, f.key, f.noCache, candidate, f.call)
+		d, err := r.lookup(f.key, f.noCache, candidate, f.call)
 		if err != nil {
 			l.local = true
 			continue
@@ -579,7 +579,7 @@ func (r *remote) readAfter(ctx context.Context, stream, id string) ([]redis.XMes
 // whether to go on following (done false, with the deadline moved or a read asked for) or
 // how the attempt ended.
 func (r *remote) recheck(ctx context.Context, f *flight, pos *position, deadline, leaseEnd *time.Time, recheck *int, read *bool) (followEnd, bool) {
-	d, lerr := r.lookup(ctx, f.key, f.noCache, "", f.call)
+	d, lerr := r.lookup(f.key, f.noCache, "", f.call)
 	if ctx.Err() != nil {
 		return followEnd{kind: followDone}, true
 	}
