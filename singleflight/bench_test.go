@@ -4,11 +4,14 @@ import (
 	"context"
 	"io"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 func instant(ctx context.Context, w *Writer) (Result, error) {
@@ -50,12 +53,43 @@ func BenchmarkOwnerPath(b *testing.B) {
 		rdb.AddHook(cnt)
 		g := New(Options{Redis: rdb, ResultTTL: time.Minute})
 		defer g.Close(context.Background())
+		ctx := context.Background()
+		if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
 		for b.Loop() {
 			r, _ := g.Do(uniqueKey(), false, instant)
 			drain(b, r)
 		}
 		b.ReportMetric(float64(cnt.n.Load())/float64(b.N), "redis-cmds/op")
+		b.ReportMetric(float64(redisBusy(b, rdb).Microseconds())/float64(b.N), "redis-µs/op")
 	})
+}
+
+// redisBusy is the time Redis spent running commands since its statistics were last reset:
+// the sum of INFO commandstats' usec (a script's own commands are counted in its call).
+func redisBusy(b *testing.B, rdb redis.UniversalClient) time.Duration {
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total time.Duration
+	for _, line := range strings.Split(info, "\n") {
+		_, stats, ok := strings.Cut(line, ":")
+		if !ok || !strings.HasPrefix(line, "cmdstat_") {
+			continue
+		}
+		for _, kv := range strings.Split(stats, ",") {
+			if v, ok := strings.CutPrefix(kv, "usec="); ok {
+				us, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					b.Fatalf("commandstats %q: %v", line, err)
+				}
+				total += time.Duration(us) * time.Microsecond
+			}
+		}
+	}
+	return total
 }
 
 // BenchmarkFollowerWakeLag measures, for a follower on another instance, the time from the

@@ -4,9 +4,8 @@
 -- ARGV[4] header (JSON)  ARGV[5] data  ARGV[6] ttl_ms  ARGV[7] stream maxlen
 -- returns 1 appended (or already appended: safe to run twice), 0 fenced, 2 the stream
 -- holds maxlen entries: the owner sends the rest with its final write
--- then the six ARGV of restore.lua, which runs first
-restore(KEYS[1], KEYS[2], ARGV[1])
-local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'n')
+-- then the six ARGV of restore.lua, which runs first if the meta is gone
+local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n')
 if m[1] ~= 'R' or m[2] ~= ARGV[1] then
   return 0
 end

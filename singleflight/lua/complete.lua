@@ -8,9 +8,8 @@
 -- ARGV[7] transcript (the whole body)  ARGV[8] store ("1")  ARGV[9] result_ttl_ms
 -- ARGV[10] linger_ms
 -- returns 1 completed (or already completed by me: safe to run twice), 0 fenced
--- then the six ARGV of restore.lua, which runs first
-restore(KEYS[1], KEYS[2], ARGV[1])
-local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'n')
+-- then the six ARGV of restore.lua, which runs first if the meta is gone
+local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n')
 if m[2] ~= ARGV[1] then
   return 0
 end
@@ -20,17 +19,18 @@ end
 if m[1] ~= 'R' then
   return 0
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local n = tonumber(m[3]) or 0
 local data = ARGV[6]
 if tonumber(ARGV[2]) > 0 and n >= tonumber(ARGV[2]) then
   data = string.sub(data, tonumber(ARGV[3]) + 1)
 end
-xadd(KEYS[2], {'t', 'done', 'tok', ARGV[1], 'n', n + 1, 's', ARGV[4], 'h', ARGV[5], 'd', data})
+local id = xadd(KEYS[2], {'t', 'done', 'tok', ARGV[1], 'n', n + 1, 's', ARGV[4], 'h', ARGV[5], 'd', data})
 if ARGV[8] == '1' then
-  redis.call('DEL', KEYS[3])
-  redis.call('HSET', KEYS[3], 'status', ARGV[4], 'header', ARGV[5], 'body', ARGV[7], 'at', now, 'token', ARGV[1])
+  -- The entry's ID is this server's time in ms (or the stream's last, if the clock went
+  -- back): the answer's time, without a TIME call. The five fields are all a result ever
+  -- holds, so writing them replaces one stored before.
+  local at = string.match(id, '^%d+')
+  redis.call('HSET', KEYS[3], 'status', ARGV[4], 'header', ARGV[5], 'body', ARGV[7], 'at', at, 'token', ARGV[1])
   redis.call('PEXPIRE', KEYS[3], ARGV[9])
 end
 redis.call('HSET', KEYS[1], 'state', 'D', 'lease_until', 0, 'n', n + 1)

@@ -4,9 +4,8 @@
 -- ARGV[5] reason (error, timeout, shutdown)  ARGV[6] ttl_ms
 -- A release at shutdown is no fault of the request: it does not use up an attempt.
 -- returns 1 failed (or already failed by me: safe to run twice), 0 fenced
--- then the six ARGV of restore.lua, which runs first
-restore(KEYS[1], KEYS[2], ARGV[1])
-local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'n', 'attempt')
+-- then the six ARGV of restore.lua, which runs first if the meta is gone
+local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n', 'attempt')
 if m[2] ~= ARGV[1] then
   return 0
 end

@@ -31,8 +31,12 @@ end
 if cand ~= '' and (not m[1] or m[1] == 'D') then
   local gen = xadd(KEYS[3], {'t', 'gen', 'tok', cand, 'a', 1})
   -- The finished generation stays readable for linger: its followers may be between two
-  -- reads. Only what is older than that goes (stream IDs are this server's time).
-  redis.call('XTRIM', KEYS[3], 'MINID', now - tonumber(ARGV[6]))
+  -- reads. Only what is older than that goes (stream IDs are this server's time). Without a
+  -- meta there is nothing worth a command (the stream expires with it): readers start at
+  -- gen, and the next claim trims.
+  if m[1] then
+    redis.call('XTRIM', KEYS[3], 'MINID', now - tonumber(ARGV[6]))
+  end
   redis.call('HSET', KEYS[1], 'state', 'R', 'token', cand, 'owner', ARGV[3],
     'lease_until', now + tonumber(ARGV[4]), 'attempt', 1, 'created', now, 'gen', gen, 'n', 0,
     'route', ARGV[8] or '', 'model', ARGV[9] or '')

@@ -3,9 +3,8 @@
 -- ARGV[1] token  ARGV[2] lease_ms  ARGV[3] ttl_ms
 -- returns the new lease_until (Redis time, ms), or 0: not the owner (fenced: another owner
 -- took over, or the flight ended)
--- then the six ARGV of restore.lua, which runs first
-restore(KEYS[1], KEYS[2], ARGV[1])
-local m = redis.call('HMGET', KEYS[1], 'state', 'token')
+-- then the six ARGV of restore.lua, which runs first if the meta is gone
+local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token')
 if m[1] ~= 'R' or m[2] ~= ARGV[1] then
   return 0
 end

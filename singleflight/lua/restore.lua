@@ -23,3 +23,15 @@ local function restore(meta, stream, token)
   redis.call('PEXPIRE', meta, ARGV[r + 5])
   redis.call('PEXPIRE', stream, ARGV[r + 5])
 end
+
+-- owned reads the owner's fields of the meta ('state' first, then those given), restoring
+-- the meta first if Redis lost it. A meta that exists has a state, so the common case costs
+-- one command: the check for absence is the read itself.
+local function owned(meta, stream, token, ...)
+  local m = redis.call('HMGET', meta, 'state', ...)
+  if m[1] then
+    return m
+  end
+  restore(meta, stream, token)
+  return redis.call('HMGET', meta, 'state', ...)
+end
