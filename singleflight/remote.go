@@ -3,7 +3,6 @@ package singleflight
 import (
 	"context"
 	_ "embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -281,14 +280,6 @@ func num(v []any, i int) int64 {
 	return 0
 }
 
-func encodeHeader(h map[string][]string) string {
-	if len(h) == 0 {
-		return ""
-	}
-	b, _ := json.Marshal(h)
-	return string(b)
-}
-
 func decodeHead(status, header string) (Head, error) {
 	s, err := strconv.Atoi(status)
 	if err != nil {
@@ -296,7 +287,8 @@ func decodeHead(status, header string) (Head, error) {
 	}
 	h := Head{Status: s}
 	if header != "" {
-		if err := json.Unmarshal([]byte(header), &h.Header); err != nil {
+		var err error
+		if h.Header, err = decodeHeader(header); err != nil {
 			return Head{}, fmt.Errorf("singleflight: bad stored header: %w", err)
 		}
 	}

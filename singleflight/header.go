@@ -1,0 +1,162 @@
+package singleflight
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+)
+
+// A response's headers travel through Redis as the JSON object encoding/json makes of a
+// map[string][]string (in each done entry, stored result and pushed message). Every
+// follower on another instance decodes one, and every owner encodes one: with ten thousand
+// flights ending at once, encoding/json's reflection was an eighth of a follower instance's
+// CPU. Header names and values are nearly always printable ASCII with nothing to escape;
+// for those, encodeHeader and decodeHeader write and read the JSON directly, byte for byte
+// what encoding/json writes, and anything else (an escape, a byte encoding/json would
+// rewrite, whitespace, a malformed document) goes through encoding/json as before.
+
+// encodeHeader returns h as a JSON object with sorted keys, "" if h is empty.
+func encodeHeader(h map[string][]string) string {
+	if len(h) == 0 {
+		return ""
+	}
+	keys := make([]string, 0, len(h))
+	size := 2
+	for k, vs := range h {
+		if !plainJSON(k) {
+			return marshalHeader(h)
+		}
+		keys = append(keys, k)
+		size += len(k) + 6
+		for _, v := range vs {
+			if !plainJSON(v) {
+				return marshalHeader(h)
+			}
+			size += len(v) + 3
+		}
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	b.Grow(size)
+	b.WriteByte('{')
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		b.WriteString(k)
+		b.WriteString(`":`)
+		vs := h[k]
+		if vs == nil {
+			b.WriteString("null")
+			continue
+		}
+		b.WriteByte('[')
+		for j, v := range vs {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteByte('"')
+			b.WriteString(v)
+			b.WriteByte('"')
+		}
+		b.WriteByte(']')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+func marshalHeader(h map[string][]string) string {
+	b, _ := json.Marshal(h)
+	return string(b)
+}
+
+// plainJSON reports whether encoding/json writes s between quotes as it is: printable
+// ASCII without '"', '\\' and the characters it escapes for HTML ('<', '>', '&').
+func plainJSON(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c >= 0x7f, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
+}
+
+// decodeHeader parses a header encoded by encodeHeader (or by encoding/json).
+func decodeHeader(s string) (map[string][]string, error) {
+	if h, ok := parsePlainHeader(s); ok {
+		return h, nil
+	}
+	var h map[string][]string
+	err := json.Unmarshal([]byte(s), &h)
+	return h, err
+}
+
+// parsePlainHeader parses the compact form encodeHeader writes when nothing needs
+// escaping; false for anything else, which encoding/json then parses (or rejects).
+func parsePlainHeader(s string) (map[string][]string, bool) {
+	if len(s) < 2 || s[0] != '{' || s[len(s)-1] != '}' {
+		return nil, false
+	}
+	h := make(map[string][]string, strings.Count(s, `":`))
+	p := s[1 : len(s)-1]
+	for p != "" {
+		k, rest, ok := plainString(p)
+		if !ok || !strings.HasPrefix(rest, ":") {
+			return nil, false
+		}
+		p = rest[1:]
+		if rest, ok := strings.CutPrefix(p, "null"); ok {
+			h[k], p = nil, rest
+		} else {
+			if !strings.HasPrefix(p, "[") {
+				return nil, false
+			}
+			p = p[1:]
+			vs := make([]string, 0, 1)
+			for !strings.HasPrefix(p, "]") {
+				if len(vs) > 0 {
+					if !strings.HasPrefix(p, ",") {
+						return nil, false
+					}
+					p = p[1:]
+				}
+				v, rest, ok := plainString(p)
+				if !ok {
+					return nil, false
+				}
+				vs, p = append(vs, v), rest
+			}
+			h[k], p = vs, p[1:]
+		}
+		if p == "" {
+			break
+		}
+		if p[0] != ',' || len(p) == 1 {
+			return nil, false
+		}
+		p = p[1:]
+	}
+	return h, true
+}
+
+// plainString reads a quoted string of plain ASCII from the start of p; false if p does not
+// start with one (an escape or a non-ASCII byte included: encoding/json then decodes it,
+// replacing invalid UTF-8 as it does).
+func plainString(p string) (v, rest string, ok bool) {
+	if len(p) < 2 || p[0] != '"' {
+		return "", "", false
+	}
+	end := strings.IndexByte(p[1:], '"')
+	if end < 0 {
+		return "", "", false
+	}
+	v = p[1 : 1+end]
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c == '\\' || c < 0x20 || c >= 0x80 {
+			return "", "", false
+		}
+	}
+	return v, p[2+end:], true
+}
