@@ -37,9 +37,24 @@ type wakeHub struct {
 	listeners  map[string]listener            // channels subscribed for the Group's life
 	subscribed map[string]bool                // channels the sender has subscribed (and not left)
 	dirty      map[string]bool                // channels whose watchers changed since the sender looked
+	idle       map[string]time.Time           // subscribed channels without watchers, since when (the sender's alone)
+	idleOrder  []idleChannel                  // idle's channels in the order they went idle (the sender's alone)
+	keepIdle   time.Duration                  // how long an idle channel stays subscribed (h.mu)
 	flush      chan struct{}                  // has room for one: dirty has channels
 	down       atomic.Bool                    // the connection failed and has not delivered since
 	alive      map[string]*aliveState
+}
+
+// keepIdleChannels is how long a channel stays subscribed after its last watcher left.
+// Leaving is housekeeping: when ten thousand flights end at once, their ten thousand
+// unsubscriptions (and Redis's ten thousand confirmations) would be sent and read while the
+// answers are being delivered; a moment later they are not in anyone's way. A channel
+// watched again meanwhile (the same prompt again) is still subscribed.
+const keepIdleChannels = 5 * time.Second
+
+type idleChannel struct {
+	channel string
+	since   time.Time
 }
 
 // aliveState is what a process heard on one owner instance's alive channel. A message
@@ -75,7 +90,7 @@ type listener struct {
 func newWakeHub(r *remote) *wakeHub {
 	return &wakeHub{r: r, watches: map[string]map[*watch]struct{}{}, listeners: map[string]listener{},
 		subscribed: map[string]bool{}, dirty: map[string]bool{}, flush: make(chan struct{}, 1),
-		alive: map[string]*aliveState{}}
+		alive: map[string]*aliveState{}, idle: map[string]time.Time{}, keepIdle: keepIdleChannels}
 }
 
 // listen subscribes channel for as long as the Group lives.
@@ -164,33 +179,56 @@ func (h *wakeHub) start() error {
 }
 
 // send subscribes the channels that gained their first watcher and unsubscribes those
-// that lost their last, each kind in one command, until the Group closes; then it closes
-// the connection. One goroutine sends them all, so a channel's subscription and
+// that have had none for keepIdle, each kind in one command, until the Group closes; then
+// it closes the connection. One goroutine sends them all, so a channel's subscription and
 // unsubscription always reach Redis in the order they were decided.
 func (h *wakeHub) send(ps *redis.PubSub) {
 	g := h.r.g
 	defer g.wg.Done()
 	defer ps.Close()
+	idleTimer := time.NewTimer(time.Hour) // armed while channels are idle
+	idleTimer.Stop()
 	for {
 		select {
 		case <-g.ctx.Done():
+			idleTimer.Stop()
 			return
 		case <-h.flush:
+		case <-idleTimer.C:
 		}
 		var join, leave []string
+		now := time.Now()
 		h.mu.Lock()
 		for ch := range h.dirty {
-			_, listened := h.listeners[ch]
-			switch on := listened || len(h.watches[ch]) > 0; {
+			switch on := h.on(ch); {
 			case on && !h.subscribed[ch]:
 				join = append(join, ch)
 				h.subscribed[ch] = true
-			case !on && h.subscribed[ch]:
-				leave = append(leave, ch)
-				delete(h.subscribed, ch)
+			case on:
+				delete(h.idle, ch)
+			case h.subscribed[ch]:
+				if _, ok := h.idle[ch]; !ok {
+					h.idle[ch] = now
+					h.idleOrder = append(h.idleOrder, idleChannel{ch, now})
+				}
 			}
 		}
 		clear(h.dirty)
+		for len(h.idleOrder) > 0 && now.Sub(h.idleOrder[0].since) >= h.keepIdle {
+			c := h.idleOrder[0]
+			h.idleOrder = h.idleOrder[1:]
+			if since, ok := h.idle[c.channel]; !ok || !since.Equal(c.since) {
+				continue // watched again since; a later entry stands for it if it went idle again
+			}
+			delete(h.idle, c.channel)
+			if !h.on(c.channel) { // a watcher that came since found it subscribed
+				leave = append(leave, c.channel)
+				delete(h.subscribed, c.channel)
+			}
+		}
+		if len(h.idleOrder) > 0 {
+			idleTimer.Reset(h.idleOrder[0].since.Add(h.keepIdle).Sub(now))
+		}
 		h.mu.Unlock()
 		// Errors need nothing here: go-redis subscribes every channel again when it
 		// reconnects, and the watchers read their streams on the confirmations.
@@ -201,6 +239,12 @@ func (h *wakeHub) send(ps *redis.PubSub) {
 			_ = ps.Unsubscribe(g.ctx, leave...)
 		}
 	}
+}
+
+// on reports whether channel has a watcher or a listener; h.mu held.
+func (h *wakeHub) on(channel string) bool {
+	_, listened := h.listeners[channel]
+	return listened || len(h.watches[channel]) > 0
 }
 
 // receive routes what the connection brings: a confirmed subscription makes its watchers
@@ -364,7 +408,7 @@ func (w *watch) takeGone() []string {
 	return gone
 }
 
-// close ends the watch; the channel is unsubscribed when its last watcher leaves.
+// close ends the watch; the channel is unsubscribed when it has had no watcher for keepIdle.
 func (w *watch) close() {
 	h := w.hub
 	h.mu.Lock()
@@ -379,7 +423,7 @@ func (w *watch) close() {
 		st.silent.Stop()
 		delete(h.alive, w.channel)
 	}
-	h.dirty[w.channel] = true // unsubscribed by the sender; a message meanwhile finds no watcher
+	h.dirty[w.channel] = true // unsubscribed by the sender in time; a message meanwhile finds no watcher
 	h.mu.Unlock()
 	h.kick()
 }
