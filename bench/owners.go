@@ -61,6 +61,9 @@ type ownersReport struct {
 	// cancelled or its final write refused); RenewalsFailed the renewals that failed.
 	LeasesLost     int `json:"leases_lost"`
 	RenewalsFailed int `json:"renewals_failed"`
+	// CPUSeconds is the CPU time the owner process used from the release to its last
+	// flight's end.
+	CPUSeconds float64 `json:"cpu_seconds"`
 }
 
 // flightEnds records when each owned flight ends, and the leases lost on the way. The
@@ -229,10 +232,14 @@ func holdOwners(ctx context.Context, specPath string, in io.Reader, out io.Write
 		fmt.Fprintf(os.Stderr, "bench owners: no release (%v): leaving\n", err)
 		return nil
 	}
+	cpu, _ := cpuTime(0)
 	start := time.Now()
 	release()
 	<-ends.all
 	rep := ends.report(start)
+	if end, err := cpuTime(0); err == nil {
+		rep.CPUSeconds = (end - cpu).Seconds()
+	}
 	b, err = json.Marshal(rep)
 	if err != nil {
 		return err

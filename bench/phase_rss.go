@@ -43,7 +43,47 @@ type rssRow struct {
 	// AfterOwnerWrite is, for each followed answer, from its owner's final write to the
 	// last byte at the client: the measured instance's share of the release.
 	AfterOwnerWrite *summary `json:"from_owner_write_to_answer,omitempty"`
-	Note            string   `json:"note,omitempty"`
+	// ReleaseCPU is the CPU time each process used from the release to the last answer:
+	// where the release's time went, on a machine whose CPUs they all share.
+	ReleaseCPU []procCPU `json:"cpu_during_release,omitempty"`
+	Note       string    `json:"note,omitempty"`
+}
+
+// procCPU is the CPU time one process used during a measurement.
+type procCPU struct {
+	Name    string  `json:"name"`
+	Seconds float64 `json:"seconds"`
+	pid     int
+	start   time.Duration
+}
+
+// startCPU reads the CPU time used so far by each named process (pid 0: this one).
+func startCPU(names []string, pids []int) []procCPU {
+	out := make([]procCPU, len(names))
+	for i, name := range names {
+		out[i] = procCPU{Name: name, pid: pids[i]}
+		out[i].start, _ = cpuTime(pids[i])
+	}
+	return out
+}
+
+// stopCPU sets the CPU time each process used since startCPU.
+func stopCPU(ps []procCPU) []procCPU {
+	for i := range ps {
+		if t, err := cpuTime(ps[i].pid); err == nil {
+			ps[i].Seconds = (t - ps[i].start).Seconds()
+		}
+	}
+	return ps
+}
+
+// cpuNote says where the release's CPU time went, for the table's note.
+func cpuNote(ps []procCPU) string {
+	var parts []string
+	for _, p := range ps {
+		parts = append(parts, fmt.Sprintf("%s %.2f s", p.Name, p.Seconds))
+	}
+	return "CPU during the release: " + strings.Join(parts, ", ")
 }
 
 const (
@@ -173,12 +213,14 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 		row.Note += " instance degraded to local-only dedupe"
 	}
 
+	cpu := startCPU([]string{"this instance", "Redis", "load generator"}, []int{p.pid(), e.redis.pid(), 0})
 	released := time.Now()
 	if err := release(); err != nil {
 		return row, err
 	}
 	wg.Wait()
 	row.ReleaseSeconds = time.Since(released).Seconds()
+	row.ReleaseCPU = stopCPU(cpu)
 	if owners != nil {
 		// How much of the release is the other instance's: its owners' final writes, which
 		// the owner process times from when it read the release. Its report is read only
@@ -188,6 +230,7 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 			return row, err
 		}
 		row.OwnersDoneSeconds = rep.DoneSeconds
+		row.ReleaseCPU = append(row.ReleaseCPU, procCPU{Name: "owner process (to its last write)", Seconds: rep.CPUSeconds})
 		// "Release → last answer" starts the clock before the other instance has written
 		// anything, and its 10,000 final writes take seconds: that is the other instance's
 		// work, not the measured one's. So each followed answer is also timed from its own
@@ -223,6 +266,7 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 		// waiting when the figures were taken.
 		row.Note = strings.TrimSpace(fmt.Sprintf("%s %d calls taken over by this instance: the owner process's leases ran out", row.Note, n))
 	}
+	row.Note = strings.TrimSpace(row.Note + "; " + cpuNote(row.ReleaseCPU))
 	_ = e.setFake(ctx, behavior{})
 	return row, nil
 }
@@ -292,12 +336,15 @@ func (e *env) rssDirect(ctx context.Context, row rssRow) (rssRow, error) {
 	}
 	row.PerRequest = float64(row.RSS-row.BaseRSS) / float64(n)
 	row.FDs = countFDs(fake.pid())
+	cpu := startCPU([]string{"server", "load generator"}, []int{fake.pid(), 0})
 	released := time.Now()
 	if err := fe.releaseFake(ctx); err != nil {
 		return row, err
 	}
 	wg.Wait()
 	row.ReleaseSeconds = time.Since(released).Seconds()
+	row.ReleaseCPU = stopCPU(cpu)
+	row.Note = strings.TrimSpace(row.Note + " " + cpuNote(row.ReleaseCPU))
 	for _, r := range replies {
 		if r.ok() {
 			row.OK++

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -307,3 +308,37 @@ func tcpConnsTo(pid int, addr string) int {
 	}
 	return n
 }
+
+// cpuTime is the CPU time (user and system) process pid has used so far, from
+// /proc/pid/stat (pid 0: this process).
+func cpuTime(pid int) (time.Duration, error) {
+	path := "/proc/self/stat"
+	if pid != 0 {
+		path = fmt.Sprintf("/proc/%d/stat", pid)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	// The command name, field 2, is in parentheses and may hold spaces: count from the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("%s: no ')'", path)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("%s: %d fields", path, len(f))
+	}
+	var ticks int64
+	for _, s := range f[11:13] { // utime and stime, fields 14 and 15
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", path, err)
+		}
+		ticks += v
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, nil
+}
+
+// clockTicks is USER_HZ, the unit of /proc/pid/stat's times: 100 on Linux everywhere.
+const clockTicks = 100
