@@ -204,6 +204,53 @@ func (c *client) closedLoop(ctx context.Context, url string, conc int, warm, dur
 	return res
 }
 
+// interleaved sends one request at a time to each target in turn, the order rotated every
+// round, warm first (not recorded), then for dur: one client whose requests to the targets
+// alternate, so that whatever the shared machine does meanwhile (another tenant, a CPU
+// changing speed) falls on every target alike. Measuring one target after another, a few
+// seconds each, the difference between two of them moved by more than the difference
+// itself. body(i) makes the requests to targets[i].
+func (c *client) interleaved(ctx context.Context, targets []target, warm, dur time.Duration, rotate int, body func(i int) func(int64) []byte) []loadResult {
+	out := make([]loadResult, len(targets))
+	bodies := make([]func(int64) []byte, len(targets))
+	for i := range targets {
+		out[i].Roles = map[string]int{}
+		bodies[i] = body(i)
+	}
+	start := time.Now()
+	from, until := start.Add(warm), start.Add(warm+dur)
+	for round := int64(0); time.Now().Before(until) && ctx.Err() == nil; round++ {
+		for j := range targets {
+			i := (j + rotate + int(round)) % len(targets)
+			r := c.post(ctx, targets[i].url, bodies[i](round), false)
+			if r.sent.Before(from) {
+				continue
+			}
+			if r.ok() {
+				out[i].Lat = append(out[i].Lat, r.latency())
+				out[i].Roles[r.role]++
+			} else {
+				out[i].Errors++
+			}
+		}
+	}
+	for i := range out {
+		// A target had the client for the time its own requests took: its throughput is
+		// what one client alone would have had.
+		var busy time.Duration
+		for _, l := range out[i].Lat {
+			busy += l
+		}
+		out[i].Completed = len(out[i].Lat)
+		out[i].Seconds = busy.Seconds()
+		if busy > 0 {
+			out[i].RPS = float64(out[i].Completed) / busy.Seconds()
+		}
+		out[i].Summary = summarize(out[i].Lat)
+	}
+	return out
+}
+
 // burst sends all bodies at once (released together by a barrier) to urls[i%len(urls)]
 // and returns the replies in order.
 func (c *client) burst(ctx context.Context, urls []string, bodies [][]byte) []reply {

@@ -23,17 +23,27 @@ type target struct{ name, url string }
 
 // measureLatency runs a closed loop against each target, run after run, rotating the
 // order in every run so that no target always goes first (warm caches, a busy machine):
-// the baseline is measured in the same run as what is compared with it.
+// the baseline is measured in the same run as what is compared with it. With one client
+// the targets are interleaved request by request (see interleaved).
 func (e *env) measureLatency(ctx context.Context, c cfg, targets []target, conc int, body func(t target, run int) func(int64) []byte) []latencyCell {
 	cells := make([]latencyCell, len(targets))
 	for i, t := range targets {
 		cells[i] = latencyCell{Target: t.name, Conc: conc, Roles: map[string]int{}}
 	}
 	for run := range c.runs {
+		var one []loadResult
+		if conc == 1 {
+			one = e.c.interleaved(ctx, targets, c.warm, time.Duration(len(targets))*c.dur, run, func(i int) func(int64) []byte { return body(targets[i], run) })
+		}
 		for j := range targets {
 			i := (j + run) % len(targets)
 			t := targets[i]
-			r := e.c.closedLoop(ctx, t.url, conc, c.warm, c.dur, body(t, run))
+			var r loadResult
+			if one != nil {
+				r = one[i]
+			} else {
+				r = e.c.closedLoop(ctx, t.url, conc, c.warm, c.dur, body(t, run))
+			}
 			if c.keepSamples {
 				r.Samples = msSamples(r.Lat)
 			}

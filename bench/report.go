@@ -241,7 +241,7 @@ func ownerSection(b *strings.Builder, r *results) {
 	if len(r.Owner) == 0 {
 		return
 	}
-	fmt.Fprintf(b, "## Owner path: a request nobody shares\n\nEvery request has a new prompt, so the proxy looks it up in Redis, claims it, calls the upstream (50 ms) and stores the answer; nginx misses its cache and stores the answer. Closed loop: each client sends its next request when its last one ends; %v s warm-up, then %v s measured, per run.\n\n", r.Config["warm_s"], r.Config["measure_s"])
+	fmt.Fprintf(b, "## Owner path: a request nobody shares\n\nEvery request has a new prompt, so the proxy looks it up in Redis, claims it, calls the upstream (50 ms) and stores the answer; nginx misses its cache and stores the answer. Closed loop: each client sends its next request when its last one ends; %v s warm-up, then %v s measured, per run and target (one client: the targets interleaved request by request, for as long as all of them).\n\n", r.Config["warm_s"], r.Config["measure_s"])
 	latencyTable(b, r.Owner, "direct")
 }
 

@@ -201,3 +201,39 @@ func BenchmarkWaitingFollowerMemory(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAfterQuiet times calls made after 50 ms of quiet, as a lone client's are when
+// the upstream takes 50 ms: caches and idle CPUs then make each Redis round trip cost
+// several times what it costs back to back. A PING, a one-line script, and a whole owner
+// flight (lookup-and-claim, complete) with an instant owner function on each backend. Run
+// with a small -benchtime, such as 40x.
+func BenchmarkAfterQuiet(b *testing.B) {
+	srv := redistest.Start(b)
+	rdb := srv.Client()
+	ctx := context.Background()
+	quiet := func(b *testing.B, call func()) {
+		for i := 0; i < b.N; i++ {
+			b.StopTimer()
+			time.Sleep(50 * time.Millisecond)
+			b.StartTimer()
+			call()
+		}
+	}
+	b.Run("ping", func(b *testing.B) {
+		quiet(b, func() { rdb.Ping(ctx) })
+	})
+	one := redis.NewScript("return 1")
+	b.Run("script", func(b *testing.B) {
+		quiet(b, func() { one.Run(ctx, rdb, nil) })
+	})
+	for _, o := range []Options{{}, {Redis: rdb}} {
+		g := New(o)
+		b.Run("flight-"+g.Backend(), func(b *testing.B) {
+			quiet(b, func() {
+				r, _ := g.Do(uniqueKey(), false, instant)
+				drain(b, r)
+			})
+		})
+		_ = g.Close(ctx)
+	}
+}
