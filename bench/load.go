@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,6 +36,21 @@ func newClient() *client {
 		ForceAttemptHTTP2:   false,
 	}
 	return &client{hc: &http.Client{Transport: tr}, tr: tr, auth: "Bearer sk-bench"}
+}
+
+// newTLSClient is newClient trusting the certificate in certFile as well.
+func newTLSClient(certFile string) (*client, error) {
+	pem, err := os.ReadFile(certFile)
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s: no certificate", certFile)
+	}
+	c := newClient()
+	c.tr.TLSClientConfig = &tls.Config{RootCAs: roots}
+	return c, nil
 }
 
 // reply is what one request saw, with the times the harness measures on the client.

@@ -90,6 +90,7 @@ const (
 	rssOneKey     = "one prompt, its call running on this instance"
 	rssRemoteKeys = "distinct prompts, each call running on another instance"
 	rssOwnedKeys  = "distinct prompts, each call running on this instance"
+	rssOwnedTLS   = "distinct prompts, each call running on this instance, the upstream over HTTPS (HTTP/2, as api.openai.com)"
 	rssDirect     = "baseline: the fake upstream (a plain Go net/http server) holding the requests itself"
 )
 
@@ -98,7 +99,7 @@ const (
 func (e *env) rss(ctx context.Context, c cfg, fdLimit uint64) ([]rssRow, error) {
 	var rows []rssRow
 	for _, n := range c.rssSizes {
-		for _, kind := range []string{rssDirect, rssOneKey, rssRemoteKeys, rssOwnedKeys} {
+		for _, kind := range []string{rssDirect, rssOneKey, rssRemoteKeys, rssOwnedKeys, rssOwnedTLS} {
 			row, err := e.rssCase(ctx, kind, n, fdLimit)
 			if err != nil {
 				return rows, fmt.Errorf("%s, %d: %w", kind, n, err)
@@ -119,13 +120,36 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 		n = row.N
 		row.Note = fmt.Sprintf("%d, not more: an instance holding two connections per request needs 2N fds and the open-file limit here is %d", n, fdLimit)
 	}
+	if kind == rssOwnedTLS && uint64(n+1024) > fdLimit {
+		row.N = int(fdLimit - 1024)
+		n = row.N
+		row.Note = fmt.Sprintf("%d, not more: the open-file limit here is %d", n, fdLimit)
+	}
 	if err := e.setFake(ctx, behavior{}); err != nil {
 		return row, err
 	}
 	if kind == rssDirect {
 		return e.rssDirect(ctx, row)
 	}
-	p, base, err := startProxy(ctx, &e.ps, e.dir, e.proxyBin, fmt.Sprintf("proxy-rss-%d", time.Now().UnixNano()), e.fakeURL, e.redisAddr())
+	// up is the upstream: the shared fake, or for the HTTPS case one of its own, which the
+	// instance trusts through SSL_CERT_FILE (Go reads it on Linux) and reaches over HTTP/2,
+	// one connection carrying many calls, as it reaches api.openai.com.
+	up, extraEnv := e, []string(nil)
+	if kind == rssOwnedTLS {
+		cert := filepath.Join(e.dir, fmt.Sprintf("fake-%d.pem", n))
+		fake, fakeURL, err := startFake(&e.ps, e.dir, filepath.Join(e.dir, "bin", "fakeupstream"), cert)
+		if err != nil {
+			return row, err
+		}
+		defer e.ps.remove(fake)
+		cl, err := newTLSClient(cert)
+		if err != nil {
+			return row, err
+		}
+		defer cl.tr.CloseIdleConnections()
+		up, extraEnv = &env{c: cl, fakeURL: fakeURL}, []string{"SSL_CERT_FILE=" + cert}
+	}
+	p, base, err := startProxy(ctx, &e.ps, e.dir, e.proxyBin, fmt.Sprintf("proxy-rss-%d", time.Now().UnixNano()), up.fakeURL, e.redisAddr(), extraEnv...)
 	if err != nil {
 		return row, err
 	}
@@ -147,7 +171,7 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 		}
 		bodies[i] = chatBody(content, false)
 	}
-	release := func() error { return e.releaseFake(ctx) }
+	release := func() error { return up.releaseFake(ctx) }
 	var owners *ownerProc
 	if kind == rssRemoteKeys {
 		var err error
@@ -157,7 +181,7 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 		}
 		defer owners.close(&e.ps)
 		release = owners.release
-	} else if err := e.setFake(ctx, behavior{Hold: true}); err != nil {
+	} else if err := up.setFake(ctx, behavior{Hold: true}); err != nil {
 		return row, err
 	}
 

@@ -144,8 +144,14 @@ func buildBinaries(ctx context.Context, dir string) (proxyBin, fakeBin string, e
 }
 
 // startFake runs the fake upstream and returns its base URL.
-func startFake(ps *procs, dir, bin string) (*proc, string, error) {
-	cmd := exec.Command(bin, "-listen", "127.0.0.1:0")
+// startFake starts the fake upstream; with a certificate file, over HTTPS (see
+// e2e/fakeupstream), its certificate written there.
+func startFake(ps *procs, dir, bin string, certFile ...string) (*proc, string, error) {
+	args, scheme := []string{"-listen", "127.0.0.1:0"}, "http://"
+	if len(certFile) > 0 {
+		args, scheme = append(args, "-tls-cert", certFile[0]), "https://"
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -167,7 +173,7 @@ func startFake(ps *procs, dir, bin string) (*proc, string, error) {
 		return nil, "", fmt.Errorf("fakeupstream: reading its address: %w", err)
 	}
 	go func() { io.Copy(io.Discard, out); _ = cmd.Wait(); lf.Close(); close(p.done) }()
-	return p, "http://" + strings.TrimSpace(line), nil
+	return p, scheme + strings.TrimSpace(line), nil
 }
 
 // startRedis runs a redis-server without persistence and returns its address.

@@ -44,6 +44,7 @@ type Call struct {
 	Path          string `json:"path"`
 	Authorization string `json:"authorization"`
 	Body          string `json:"body"`
+	Proto         string `json:"proto"` // HTTP/1.1, HTTP/2.0
 }
 
 // Stats are the counters of an Upstream, as GET /_fake/stats and /_fake/wait answer them.
@@ -169,7 +170,7 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		u.behavior.Fail = b.Fail[1:]
 	}
 	hold := u.hold
-	u.log = append(u.log, Call{N: n, Path: r.URL.Path, Authorization: r.Header.Get("Authorization"), Body: string(body)})
+	u.log = append(u.log, Call{N: n, Path: r.URL.Path, Authorization: r.Header.Get("Authorization"), Body: string(body), Proto: r.Proto})
 	close(u.started)
 	u.started = make(chan struct{})
 	u.notifyLocked()
