@@ -80,7 +80,7 @@ func TestCallsLog(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&calls); err != nil {
 		t.Fatal(err)
 	}
-	want := Call{N: 1, Path: "/v1/embeddings", Authorization: "Bearer sk-x", Body: `{"model":"m"}`}
+	want := Call{N: 1, Path: "/v1/embeddings", Authorization: "Bearer sk-x", Body: `{"model":"m"}`, Proto: "HTTP/1.1"}
 	if len(calls) != 1 || calls[0] != want {
 		t.Fatalf("calls %+v; want [%+v]", calls, want)
 	}
