@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
 // TestStoredResultServedAtOnce: a caller whose answer is stored gets it from Do without
@@ -141,5 +143,44 @@ func TestAnnotateOncePerStoredAnswer(t *testing.T) {
 				t.Fatalf("Annotate ran %d times; want once per process (%d)", got, len(groups))
 			}
 		})
+	}
+}
+
+// TestStoredAnswerFromAheadClockIsNotYounger: an answer whose stored time is ahead of
+// Redis's clock (stored by a primary whose clock was ahead, before a failover) is served
+// with age 0, not a negative one, and within a max-age.
+func TestStoredAnswerFromAheadClockIsNotYounger(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	writer := b.group(t, Options{ResultTTL: time.Minute})
+	reader := b.group(t, Options{ResultTTL: time.Minute}) // its own process store is empty
+	key := uniqueKey()
+	if out := storeOne(t, writer, key, "stored"); out.err != nil || out.role != RoleOwner {
+		t.Fatalf("storing: %+v", out)
+	}
+	ctx := context.Background()
+	rdb := srv.Client()
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	result := reader.remote.keys(key).result
+	ahead := now.Add(time.Minute).UnixMilli()
+	if err := rdb.HSet(ctx, result, "at", ahead).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := reader.DoWith(key, CallOptions{MaxAge: 10 * time.Second}, func(context.Context, *Writer) (Result, error) {
+		t.Error("called: the stored answer was not served")
+		return Result{}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := readAll(ctx, r)
+	if out.err != nil || out.role != RoleHit || out.body != "stored" {
+		t.Fatalf("got %q as %v (%v); want the stored answer as a hit", out.body, out.role, out.err)
+	}
+	if out.age != 0 {
+		t.Fatalf("age %v; want 0 for an answer stored ahead of the clock", out.age)
 	}
 }

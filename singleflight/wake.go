@@ -241,6 +241,13 @@ func (h *wakeHub) send(ps *redis.PubSub) {
 	}
 }
 
+// watched reports whether channel has a watcher.
+func (h *wakeHub) watched(channel string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.watches[channel]) > 0
+}
+
 // on reports whether channel has a watcher or a listener; h.mu held.
 func (h *wakeHub) on(channel string) bool {
 	_, listened := h.listeners[channel]
@@ -292,6 +299,9 @@ func (h *wakeHub) receive(ps *redis.PubSub) {
 			if strings.HasPrefix(m.Channel, h.r.g.opts.KeyPrefix+":alive:") {
 				h.heard(m.Channel, strings.Fields(m.Payload))
 				continue
+			}
+			if !h.watched(m.Channel) {
+				continue // an idle channel, still subscribed (see keepIdleChannels)
 			}
 			e, ok := decodeEntry(m.Payload)
 			if !ok {

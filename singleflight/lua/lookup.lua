@@ -18,8 +18,11 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if ARGV[1] ~= '1' then
   local r = redis.call('HMGET', KEYS[2], 'status', 'header', 'body', 'at', 'token')
   local max_age = tonumber(ARGV[7]) or 0
-  if r[1] and (max_age <= 0 or now - tonumber(r[4]) <= max_age) then
-    return {'hit', r[1], r[2], r[3], now - tonumber(r[4]), r[5] or '', redis.call('PTTL', KEYS[2])}
+  -- An answer stored by a server whose clock was ahead of this one (a failover, a clock
+  -- stepped back) is as new as can be, not younger than that.
+  local age = r[1] and math.max(0, now - tonumber(r[4]))
+  if r[1] and (max_age <= 0 or age <= max_age) then
+    return {'hit', r[1], r[2], r[3], age, r[5] or '', redis.call('PTTL', KEYS[2])}
   end
 end
 
@@ -31,12 +34,8 @@ end
 if cand ~= '' and (not m[1] or m[1] == 'D') then
   local gen = xadd(KEYS[3], {'t', 'gen', 'tok', cand, 'a', 1})
   -- The finished generation stays readable for linger: its followers may be between two
-  -- reads. Only what is older than that goes (stream IDs are this server's time). Without a
-  -- meta there is nothing worth a command (the stream expires with it): readers start at
-  -- gen, and the next claim trims.
-  if m[1] then
-    redis.call('XTRIM', KEYS[3], 'MINID', now - tonumber(ARGV[6]))
-  end
+  -- reads. Only what is older than that goes (stream IDs are this server's time).
+  redis.call('XTRIM', KEYS[3], 'MINID', now - tonumber(ARGV[6]))
   redis.call('HSET', KEYS[1], 'state', 'R', 'token', cand, 'owner', ARGV[3],
     'lease_until', now + tonumber(ARGV[4]), 'attempt', 1, 'created', now, 'gen', gen, 'n', 0,
     'route', ARGV[8] or '', 'model', ARGV[9] or '')
