@@ -174,7 +174,7 @@ type loadResult struct {
 	Completed int             `json:"completed"`
 	Errors    int             `json:"errors"`
 	Roles     map[string]int  `json:"roles"`
-	Seconds   float64         `json:"seconds"`
+	Seconds   float64         `json:"seconds"` // the window; interleaved: the target's requests' own time
 	RPS       float64         `json:"rps"`
 	Summary   summary         `json:"latency"`
 	Samples   []float64       `json:"samples_ms,omitempty"`
@@ -237,11 +237,13 @@ func (c *client) interleaved(ctx context.Context, targets []target, warm, dur ti
 	}
 	start := time.Now()
 	from, until := start.Add(warm), start.Add(warm+dur)
+	ctx, cancel := context.WithDeadline(ctx, until.Add(30*time.Second))
+	defer cancel()
 	for round := int64(0); time.Now().Before(until) && ctx.Err() == nil; round++ {
 		for j := range targets {
 			i := (j + rotate + int(round)) % len(targets)
 			r := c.post(ctx, targets[i].url, bodies[i](round), false)
-			if r.sent.Before(from) {
+			if r.sent.Before(from) || r.end.After(until) {
 				continue
 			}
 			if r.ok() {

@@ -232,12 +232,13 @@ func holdOwners(ctx context.Context, specPath string, in io.Reader, out io.Write
 		fmt.Fprintf(os.Stderr, "bench owners: no release (%v): leaving\n", err)
 		return nil
 	}
-	cpu, _ := cpuTime(0)
+	cpu, cpuErr := cpuTime(0)
 	start := time.Now()
 	release()
 	<-ends.all
 	rep := ends.report(start)
-	if end, err := cpuTime(0); err == nil {
+	rep.CPUSeconds = -1 // unknown, unless both readings are there
+	if end, err := cpuTime(0); err == nil && cpuErr == nil {
 		rep.CPUSeconds = (end - cpu).Seconds()
 	}
 	b, err = json.Marshal(rep)

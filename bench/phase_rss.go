@@ -61,15 +61,21 @@ type procCPU struct {
 func startCPU(names []string, pids []int) []procCPU {
 	out := make([]procCPU, len(names))
 	for i, name := range names {
-		out[i] = procCPU{Name: name, pid: pids[i]}
-		out[i].start, _ = cpuTime(pids[i])
+		out[i] = procCPU{Name: name, pid: pids[i], Seconds: -1}
+		var err error
+		if out[i].start, err = cpuTime(pids[i]); err != nil {
+			out[i].pid = -1 // unknown
+		}
 	}
 	return out
 }
 
-// stopCPU sets the CPU time each process used since startCPU.
+// stopCPU sets the CPU time each process used since startCPU; -1 when it could not be read.
 func stopCPU(ps []procCPU) []procCPU {
 	for i := range ps {
+		if ps[i].pid < 0 {
+			continue
+		}
 		if t, err := cpuTime(ps[i].pid); err == nil {
 			ps[i].Seconds = (t - ps[i].start).Seconds()
 		}
@@ -77,13 +83,29 @@ func stopCPU(ps []procCPU) []procCPU {
 	return ps
 }
 
-// cpuNote says where the release's CPU time went, for the table's note.
+// cpuNote says where the release's CPU time went, for the table's note. /proc counts in
+// hundredths of a second: a figure under 0.05 s is shown as such.
 func cpuNote(ps []procCPU) string {
 	var parts []string
 	for _, p := range ps {
-		parts = append(parts, fmt.Sprintf("%s %.2f s", p.Name, p.Seconds))
+		switch {
+		case p.Seconds < 0:
+			parts = append(parts, p.Name+" unknown")
+		case p.Seconds < 0.05:
+			parts = append(parts, p.Name+" < 0.05 s")
+		default:
+			parts = append(parts, fmt.Sprintf("%s %.2f s", p.Name, p.Seconds))
+		}
 	}
 	return "CPU during the release: " + strings.Join(parts, ", ")
+}
+
+// joinNote appends more to a table note.
+func joinNote(note, more string) string {
+	if note = strings.TrimSpace(note); note == "" {
+		return more
+	}
+	return note + "; " + more
 }
 
 const (
@@ -290,7 +312,7 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 		// waiting when the figures were taken.
 		row.Note = strings.TrimSpace(fmt.Sprintf("%s %d calls taken over by this instance: the owner process's leases ran out", row.Note, n))
 	}
-	row.Note = strings.TrimSpace(row.Note + "; " + cpuNote(row.ReleaseCPU))
+	row.Note = joinNote(row.Note, cpuNote(row.ReleaseCPU))
 	_ = e.setFake(ctx, behavior{})
 	return row, nil
 }
@@ -368,7 +390,7 @@ func (e *env) rssDirect(ctx context.Context, row rssRow) (rssRow, error) {
 	wg.Wait()
 	row.ReleaseSeconds = time.Since(released).Seconds()
 	row.ReleaseCPU = stopCPU(cpu)
-	row.Note = strings.TrimSpace(row.Note + " " + cpuNote(row.ReleaseCPU))
+	row.Note = joinNote(row.Note, cpuNote(row.ReleaseCPU))
 	for _, r := range replies {
 		if r.ok() {
 			row.OK++
