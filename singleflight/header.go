@@ -40,12 +40,8 @@ func encodeHeader(h map[string][]string) string {
 	b.Grow(size)
 	b.WriteByte('{')
 	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('"')
-		b.WriteString(k)
-		b.WriteString(`":`)
+		writeItem(&b, i == 0, k)
+		b.WriteByte(':')
 		vs := h[k]
 		if vs == nil {
 			b.WriteString("null")
@@ -53,17 +49,22 @@ func encodeHeader(h map[string][]string) string {
 		}
 		b.WriteByte('[')
 		for j, v := range vs {
-			if j > 0 {
-				b.WriteByte(',')
-			}
-			b.WriteByte('"')
-			b.WriteString(v)
-			b.WriteByte('"')
+			writeItem(&b, j == 0, v)
 		}
 		b.WriteByte(']')
 	}
 	b.WriteByte('}')
 	return b.String()
+}
+
+// writeItem writes s between quotes, after a comma unless it comes first.
+func writeItem(b *strings.Builder, first bool, s string) {
+	if !first {
+		b.WriteByte(',')
+	}
+	b.WriteByte('"')
+	b.WriteString(s)
+	b.WriteByte('"')
 }
 
 func marshalHeader(h map[string][]string) string {
