@@ -16,6 +16,12 @@ type CallOptions struct {
 	// Route and Model describe the call in the flights listing (see Group.Flights). They
 	// are stored with the flight's meta in Redis, so they must not hold secrets.
 	Route, Model string
+	// Inline is for a caller that reads the answer only once it is whole: if it starts the
+	// flight, DoWith leads it on the caller's goroutine, and returns once the flight has
+	// ended or waits on another instance's owner (then, as always, in Reader.Next), so
+	// that an owned flight costs no goroutine of its own. The owner function must not wait
+	// for this caller to read (it has not started to).
+	Inline bool
 }
 
 // joinableWith is joinable for a caller with CallOptions; g.mu held. A caller with a

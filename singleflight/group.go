@@ -298,21 +298,28 @@ func (g *Group) DoWith(key string, o CallOptions, fn Func) (*Reader, error) {
 			return g.serveStored(key, lkey, o, sr), nil
 		}
 	}
-	defer g.mu.Unlock()
 	leader := f == nil
+	var ctx context.Context
 	if leader {
-		ctx, cancel := context.WithCancelCause(g.ctx)
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(g.ctx)
 		f = newFlight(key, lkey, o.NoCache, fn, cancel)
 		f.call, f.started = o, time.Now()
 		g.flights[lkey] = f
 		g.wg.Add(1)
-		go g.lead(ctx, f)
+		if !o.Inline {
+			go g.lead(ctx, f)
+		}
 	}
 	f.mu.Lock()
 	f.readers++
 	f.unserved++
 	f.leaderOpen = f.leaderOpen || leader
 	f.mu.Unlock()
+	g.mu.Unlock()
+	if leader && o.Inline {
+		g.lead(ctx, f)
+	}
 	return &Reader{g: g, f: f, leader: leader}, nil
 }
 

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -220,6 +223,54 @@ func TestPanicReleasesWaiters(t *testing.T) {
 						t.Fatalf("caller %d: err %v; want ErrFailed", i, o.err)
 					}
 				}
+			}
+		})
+	}
+}
+
+// TestInlineCallerLeadsOnItsGoroutine: a caller with CallOptions.Inline that starts a
+// flight runs its owner function on its own goroutine (DoWith returns with the flight
+// over); a caller joining meanwhile gets the same answer, from one call.
+func TestInlineCallerLeadsOnItsGoroutine(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			g := b.group(t, Options{})
+			key := uniqueKey()
+			rp := newReply("answer")
+			running := make(chan struct{}, 1)
+			var onCaller atomic.Bool
+			fn := started(running, func(ctx context.Context, w *Writer) (Result, error) {
+				buf := make([]byte, 64<<10)
+				// A frame of DoWith below it, not just "created by" DoWith.
+				onCaller.Store(strings.Contains(string(buf[:runtime.Stack(buf, false)]), "(*Group).DoWith("))
+				return rp.fn(ctx, w)
+			})
+			led := make(chan *Reader, 1)
+			go func() {
+				r, err := g.DoWith(key, CallOptions{Inline: true}, fn)
+				if err != nil {
+					t.Error(err)
+				}
+				led <- r
+			}()
+			<-running
+			joiner, err := g.Do(key, false, rp.fn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rp.release()
+			ctx := context.Background()
+			if out := readAll(ctx, <-led); out.err != nil || out.body != "answer" || out.role != RoleOwner {
+				t.Fatalf("inline caller: %+v; want the answer as its owner", out)
+			}
+			if out := readAll(ctx, joiner); out.err != nil || out.body != "answer" || out.role != RoleFollower {
+				t.Fatalf("joiner: %+v; want the answer as a follower", out)
+			}
+			if !onCaller.Load() {
+				t.Error("the owner function ran on a goroutine of its own, not the caller's")
+			}
+			if n := rp.calls.Load(); n != 1 {
+				t.Errorf("%d calls; want 1", n)
 			}
 		})
 	}
