@@ -85,14 +85,35 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 		ho.wait.Context = r.Context()
 		defer ho.close()
 		fn := p.ownerFunc(route, req.Key, r, body, req.Stream, p.storePolicy(route, req.Model, cc.noStore), ho)
+		// A unary answer is read whole before any of it is sent: a request that starts
+		// its flight runs the call itself (no goroutine of the flight's own), and an answer
+		// too large to share is written to it straight from the call.
+		inline := !req.Stream
+		if inline {
+			ho.inline = func(head singleflight.Head) io.Writer {
+				writeHead(w, head, singleflight.RoleOwner, req.Key, 0)
+				return w
+			}
+			p.cfg.Recorder.WaitingAdd(1)
+		}
 		rd, err := p.cfg.Flights.DoWith(req.Key, singleflight.CallOptions{
-			NoCache: cc.noCache, MaxAge: cc.maxAge, Route: route, Model: shortModel(req.Model),
+			NoCache: cc.noCache, MaxAge: cc.maxAge, Route: route, Model: shortModel(req.Model), Inline: inline,
 		}, fn)
+		if inline {
+			p.cfg.Recorder.WaitingAdd(-1)
+		}
 		if err != nil {
 			writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the proxy is shutting down")
 			return
 		}
 		defer rd.Close()
+		if served, cut := ho.endInline(); served {
+			info.role = singleflight.RoleOwner.String()
+			if cut != nil {
+				panic(http.ErrAbortHandler) // its own answer, cut short: not a whole one
+			}
+			return
+		}
 		p.respond(w, r, route, req, &source{rd: rd, ho: ho}, info)
 	}
 }
@@ -140,25 +161,11 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 		return
 	}
 	head := rd.head()
-	h := w.Header()
-	for k, vs := range head.Header {
-		h[k] = vs
-	}
-	// Set would make a slice for each value: the role's are shared, and the key and the
-	// age share one array, each slice capped so that an append cannot reach the other.
-	h[HeaderRole] = roleHeader(role)
-	vals := &[2]string{req.Key}
-	h[HeaderKey] = vals[0:1:1]
+	var age time.Duration
 	if role == singleflight.RoleHit {
-		vals[1] = strconv.Itoa(int(rd.rd.Age().Seconds()))
-		h["Age"] = vals[1:2:2]
+		age = rd.rd.Age()
 	}
-	sse := isSSE(head.Header)
-	if sse {
-		h.Set("Cache-Control", "no-cache")
-		h.Set("X-Accel-Buffering", "no")
-	}
-	w.WriteHeader(head.Status)
+	sse := writeHead(w, head, role, req.Key, age)
 	// A follower or a hit counts the tokens it saved, from the usage its answer reports:
 	// a stored answer's was read when it was kept (see AnnotateUsage); else it is read
 	// from the end of the bytes sent.
@@ -210,6 +217,31 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 		}
 		p.cfg.Recorder.Saved(route, req.Model, note.prompt, note.completion)
 	}
+}
+
+// writeHead sends an answer's status and headers, with its role, its key and, for a hit,
+// its age; it reports whether the answer is a stream of server-sent events.
+func writeHead(w http.ResponseWriter, head singleflight.Head, role singleflight.Role, key string, age time.Duration) (sse bool) {
+	h := w.Header()
+	for k, vs := range head.Header {
+		h[k] = vs
+	}
+	// Set would make a slice for each value: the role's are shared, and the key and the
+	// age share one array, each slice capped so that an append cannot reach the other.
+	h[HeaderRole] = roleHeader(role)
+	vals := &[2]string{key}
+	h[HeaderKey] = vals[0:1:1]
+	if role == singleflight.RoleHit {
+		vals[1] = strconv.Itoa(int(age.Seconds()))
+		h["Age"] = vals[1:2:2]
+	}
+	sse = isSSE(head.Header)
+	if sse {
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Accel-Buffering", "no")
+	}
+	w.WriteHeader(head.Status)
+	return sse
 }
 
 // roleValues are the values of the role header, shared by every response: nothing

@@ -35,21 +35,76 @@ type handoff struct {
 	shared int64   // bytes the handler reads from the flight before the pipe
 	head   singleflight.Head
 	pr     *io.PipeReader
+
+	// While the handler runs its own flight's call (a unary request's, see
+	// singleflight.CallOptions.Inline), it cannot read a pipe: inline, set for that time,
+	// writes the head to its client and returns where the rest goes. served says it was
+	// used; done is closed, and cut set, when the answer has been written or was cut short.
+	inline func(singleflight.Head) io.Writer
+	served bool
+	done   chan struct{}
+	cut    error
+}
+
+// handWriter is where an owner function writes an answer it hands over.
+type handWriter interface {
+	io.Writer
+	CloseWithError(error) error
 }
 
 // take hands the rest of the answer over: the client has been given, or will be given,
 // shared bytes of it from the flight, and reads the rest from the returned writer. false
 // when its handler reads no more (its client left, or it was already answered).
-func (h *handoff) take(head singleflight.Head, shared int64) (*io.PipeWriter, bool) {
+func (h *handoff) take(head singleflight.Head, shared int64) (handWriter, bool) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.closed || h.taken {
+		h.mu.Unlock()
 		return nil, false
 	}
+	if inline := h.inline; inline != nil {
+		h.taken, h.head, h.served, h.done = true, head, true, make(chan struct{})
+		h.mu.Unlock()
+		return &inlineWriter{h: h, w: inline(head)}, true
+	}
+	defer h.mu.Unlock()
 	pr, pw := io.Pipe()
 	h.taken, h.head, h.shared, h.pr = true, head, shared, pr
 	h.wait.wake()
 	return pw, true
+}
+
+// inlineWriter writes a handed-over answer straight to the client.
+type inlineWriter struct {
+	h *handoff
+	w io.Writer
+}
+
+func (iw *inlineWriter) Write(p []byte) (int, error) { return iw.w.Write(p) }
+
+func (iw *inlineWriter) CloseWithError(err error) error {
+	iw.h.mu.Lock()
+	defer iw.h.mu.Unlock()
+	iw.h.cut = err
+	close(iw.h.done)
+	return nil
+}
+
+// endInline ends the handler's own run of its call: from now on a handoff goes through the
+// pipe. It reports whether the answer was written inline, waiting until it has been (a
+// takeover can run the call on another goroutine just as the run ends), and whether it
+// was cut short.
+func (h *handoff) endInline() (served bool, cut error) {
+	h.mu.Lock()
+	h.inline = nil
+	served, done := h.served, h.done
+	h.mu.Unlock()
+	if !served {
+		return false, nil
+	}
+	<-done
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return true, h.cut
 }
 
 // isTaken reports whether the owner function handed the answer over.

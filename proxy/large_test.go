@@ -107,3 +107,29 @@ func TestLargeAnswerReachesItsOwnClient(t *testing.T) {
 		}
 	}
 }
+
+// TestLargeAnswerCutShortIsBrokenForItsOwnClient: when the upstream breaks off an answer
+// too large to share, after the part the proxy could have shared, the client whose
+// request made the call gets a broken answer, never one that looks whole.
+func TestLargeAnswerCutShortIsBrokenForItsOwnClient(t *testing.T) {
+	const limit = 64 << 10
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"id":"big","choices":[{"message":{"content":"` + strings.Repeat("x", 3*limit)))
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler) // the connection breaks mid-answer
+	}))
+	t.Cleanup(srv.Close)
+	for name, rs := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			in := newInstance(t, startUpstream(t), setup{redis: rs, base: srv.URL, proxy: func(c *proxy.Config) { c.MaxResponseBytes = limit }})
+			a := post(t, in.URL, "/v1/chat/completions", chatBody)
+			if a.err == nil {
+				t.Fatalf("got %d, role %q, %d bytes, and a clean end; want a broken answer", a.status, a.header.Get("X-Dedupe-Role"), len(a.body))
+			}
+			if a.status != http.StatusOK || len(a.body) <= limit {
+				t.Fatalf("got %d with %d bytes before the break; want 200 and more than %d", a.status, len(a.body), limit)
+			}
+		})
+	}
+}

@@ -19,7 +19,7 @@ func (p *Proxy) relay(ctx context.Context, cancel context.CancelCauseFunc, body 
 	end := newTail(true)
 	var (
 		sent  int64
-		pw    *io.PipeWriter
+		pw    handWriter
 		large bool
 	)
 	err := p.pump(ctx, cancel, body, func(c []byte) error {

@@ -155,7 +155,7 @@ func (p *Proxy) logFailure(route, key string, err error) {
 func (p *Proxy) readWhole(ctx context.Context, cancel context.CancelCauseFunc, body io.Reader, head singleflight.Head, ho *handoff) (singleflight.Result, bool, error) {
 	var (
 		buf bytes.Buffer
-		pw  *io.PipeWriter
+		pw  handWriter
 	)
 	err := p.pump(ctx, cancel, body, func(c []byte) error {
 		if pw != nil {
