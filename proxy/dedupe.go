@@ -90,10 +90,7 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 		// too large to share is written to it straight from the call.
 		inline := !req.Stream
 		if inline {
-			ho.inline = func(head singleflight.Head) io.Writer {
-				writeHead(w, head, singleflight.RoleOwner, req.Key, 0)
-				return w
-			}
+			ho.inlineW, ho.inlineKey = w, req.Key
 			p.cfg.Recorder.WaitingAdd(1)
 		}
 		rd, err := p.cfg.Flights.DoWith(req.Key, singleflight.CallOptions{

@@ -37,13 +37,15 @@ type handoff struct {
 	pr     *io.PipeReader
 
 	// While the handler runs its own flight's call (a unary request's, see
-	// singleflight.CallOptions.Inline), it cannot read a pipe: inline, set for that time,
-	// writes the head to its client and returns where the rest goes. served says it was
-	// used; done is closed, and cut set, when the answer has been written or was cut short.
-	inline func(singleflight.Head) io.Writer
-	served bool
-	done   chan struct{}
-	cut    error
+	// singleflight.CallOptions.Inline), it cannot read a pipe: for that time inlineW is its
+	// client, which a handoff writes to directly, and inlineKey its request's key. served
+	// says it was used; done is closed, and cut set, when the answer has been written or
+	// was cut short.
+	inlineW   http.ResponseWriter
+	inlineKey string
+	served    bool
+	done      chan struct{}
+	cut       error
 }
 
 // handWriter is where an owner function writes an answer it hands over.
@@ -61,10 +63,11 @@ func (h *handoff) take(head singleflight.Head, shared int64) (handWriter, bool) 
 		h.mu.Unlock()
 		return nil, false
 	}
-	if inline := h.inline; inline != nil {
+	if w := h.inlineW; w != nil {
 		h.taken, h.head, h.served, h.done = true, head, true, make(chan struct{})
 		h.mu.Unlock()
-		return &inlineWriter{h: h, w: inline(head)}, true
+		writeHead(w, head, singleflight.RoleOwner, h.inlineKey, 0)
+		return &inlineWriter{h: h, w: w}, true
 	}
 	defer h.mu.Unlock()
 	pr, pw := io.Pipe()
@@ -95,7 +98,7 @@ func (iw *inlineWriter) CloseWithError(err error) error {
 // was cut short.
 func (h *handoff) endInline() (served bool, cut error) {
 	h.mu.Lock()
-	h.inline = nil
+	h.inlineW = nil
 	served, done := h.served, h.done
 	h.mu.Unlock()
 	if !served {
