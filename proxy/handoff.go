@@ -38,12 +38,11 @@ type handoff struct {
 
 	// While the handler runs its own flight's call (a unary request's, see
 	// singleflight.CallOptions.Inline), it cannot read a pipe: for that time inlineW is its
-	// client, which a handoff writes to directly, and inlineKey its request's key. served
-	// says it was used; done is closed, and cut set, when the answer has been written or
-	// was cut short.
+	// client, which a handoff writes to directly, and inlineKey its request's key. done is
+	// made when a handoff uses it, and closed, with cut set, when the answer has been
+	// written or was cut short.
 	inlineW   http.ResponseWriter
 	inlineKey string
-	served    bool
 	done      chan struct{}
 	cut       error
 }
@@ -64,7 +63,7 @@ func (h *handoff) take(head singleflight.Head, shared int64) (handWriter, bool) 
 		return nil, false
 	}
 	if w := h.inlineW; w != nil {
-		h.taken, h.head, h.served, h.done = true, head, true, make(chan struct{})
+		h.taken, h.head, h.done = true, head, make(chan struct{})
 		h.mu.Unlock()
 		writeHead(w, head, singleflight.RoleOwner, h.inlineKey, 0)
 		return &inlineWriter{h: h, w: w}, true
@@ -99,9 +98,9 @@ func (iw *inlineWriter) CloseWithError(err error) error {
 func (h *handoff) endInline() (served bool, cut error) {
 	h.mu.Lock()
 	h.inlineW = nil
-	served, done := h.served, h.done
+	done := h.done
 	h.mu.Unlock()
-	if !served {
+	if done == nil {
 		return false, nil
 	}
 	<-done
