@@ -180,6 +180,16 @@ type loadResult struct {
 	Samples   []float64       `json:"samples_ms,omitempty"`
 }
 
+// record counts one measured reply: its latency and role, or an error.
+func (res *loadResult) record(r reply) {
+	if r.ok() {
+		res.Lat = append(res.Lat, r.latency())
+		res.Roles[r.role]++
+	} else {
+		res.Errors++
+	}
+}
+
 // closedLoop runs conc workers that each send a request as soon as their last one ended:
 // warm first (not recorded), then dur measured. body(i) makes the i-th request.
 func (c *client) closedLoop(ctx context.Context, url string, conc int, warm, dur time.Duration, body func(i int64) []byte) loadResult {
@@ -204,12 +214,7 @@ func (c *client) closedLoop(ctx context.Context, url string, conc int, warm, dur
 					continue
 				}
 				mu.Lock()
-				if r.ok() {
-					res.Lat = append(res.Lat, r.latency())
-					res.Roles[r.role]++
-				} else {
-					res.Errors++
-				}
+				res.record(r)
 				mu.Unlock()
 			}
 		})
@@ -246,12 +251,7 @@ func (c *client) interleaved(ctx context.Context, targets []target, warm, dur ti
 			if r.sent.Before(from) || r.end.After(until) {
 				continue
 			}
-			if r.ok() {
-				out[i].Lat = append(out[i].Lat, r.latency())
-				out[i].Roles[r.role]++
-			} else {
-				out[i].Errors++
-			}
+			out[i].record(r)
 		}
 	}
 	for i := range out {
