@@ -46,6 +46,11 @@ type flight struct {
 	// the leader's reader gets it as is (its own upstream answer), others wait for a retry.
 	leaderFail *Result
 	attempts   int // owned attempts run here, for the flights listing
+	// What this flight's lookups read of Redis's clock, and when its owner elsewhere
+	// answered its own client: callers that may have joined after that look again (see
+	// answered.go).
+	clockFirst, clockLast clockRef
+	answered              answered
 }
 
 func newFlight(key, lkey string, noCache bool, fn Func, cancel context.CancelCauseFunc) *flight {
@@ -221,6 +226,11 @@ type Reader struct {
 	g      *Group
 	f      *flight
 	leader bool
+	// What the caller asked for, to join the key anew when the flight's answer reached a
+	// client before it joined; and when it joined (Redis Groups only).
+	fn     Func
+	call   CallOptions
+	joined time.Time
 
 	gen       int
 	idx       int
@@ -264,6 +274,14 @@ func (r *Reader) Next(ctx context.Context) ([]byte, error) {
 			}
 			r.gen, r.idx = f.gen, 0
 		}
+		if f.answered.redis != 0 && f.ended && !r.delivered && f.joinedAfterAnswer(r.joined) {
+			f.mu.Unlock()
+			if err := r.rejoin(); err != nil {
+				return nil, err
+			}
+			f = r.f
+			continue
+		}
 		if r.idx < len(f.chunks) && f.head != nil {
 			c := f.chunks[r.idx]
 			r.idx++
@@ -289,6 +307,22 @@ func (r *Reader) Next(ctx context.Context) ([]byte, error) {
 			return nil, context.Cause(ctx)
 		}
 	}
+}
+
+// rejoin leaves a flight whose answer reached a client before this caller may have joined,
+// and joins the key anew, as a caller arriving now: nothing was delivered yet.
+func (r *Reader) rejoin() error {
+	old, leader := r.f, r.leader
+	call := r.call
+	call.Inline = false // the caller is reading: the flight cannot run on its goroutine
+	nr, err := r.g.DoWith(old.key, call, r.fn)
+	r.g.leave(old, leader, false)
+	if err != nil {
+		r.closed = true
+		return err
+	}
+	*r = *nr
+	return nil
 }
 
 // deliver records what the caller is being given; f.mu must be held.

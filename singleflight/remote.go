@@ -114,6 +114,10 @@ type decision struct {
 	body      []byte // hit
 	age       time.Duration
 	ttl       time.Duration // hit: its whole time to live, age included (0: unknown)
+	// owner and follow: Redis's clock (µs) when the script ran, and the local times its
+	// command was sent and its reply came (see answered.go)
+	us         int64
+	sent, came time.Time
 }
 
 // lookup asks what a caller of key should do; with a candidate token it may claim the
@@ -122,13 +126,14 @@ type decision struct {
 func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptions) (decision, error) {
 	k := r.keys(key)
 	o := r.g.opts
+	sent := time.Now()
 	v, err := r.batch.run(lookupScript, []string{k.meta, k.result, k.stream},
 		flag(noCache), candidate, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.Linger.Milliseconds(),
 		co.MaxAge.Milliseconds(), co.Route, co.Model).Slice()
 	if err != nil {
 		return decision{}, r.redisErr("lookup", key, err)
 	}
-	d := decision{kind: str(v, 0)}
+	d := decision{kind: str(v, 0), sent: sent, came: time.Now()}
 	switch d.kind {
 	case "hit":
 		d.head, err = decodeHead(str(v, 1), str(v, 2))
@@ -144,10 +149,11 @@ func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptio
 		if len(v) > 5 {
 			d.batches = int(num(v, 5))
 		}
+		d.us = num(v, 6)
 	case "claim":
 		d.token, d.attempt, d.reason, d.gen = str(v, 1), int(num(v, 2)), str(v, 3), str(v, 4)
 	case "owner":
-		d.token, d.attempt, d.gen, d.until = candidate, int(num(v, 1)), str(v, 2), num(v, 3)
+		d.token, d.attempt, d.gen, d.until, d.us = candidate, int(num(v, 1)), str(v, 2), num(v, 3), num(v, 4)
 	default:
 		err = fmt.Errorf("singleflight: lookup: unexpected answer %q", d.kind)
 	}
@@ -187,19 +193,21 @@ func (r *remote) newToken(ctx context.Context) string {
 func (r *remote) claim(ctx context.Context, key, token string, seen decision, fresh bool, co CallOptions) (decision, error) {
 	k := r.keys(key)
 	o := r.g.opts
+	sent := time.Now()
 	v, err := claimScript.Run(ctx, r.rdb, []string{k.meta, k.stream},
 		token, seen.token, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.MaxAttempts, flag(fresh),
 		seenState[seen.reason], o.Linger.Milliseconds(), co.Route, co.Model).Slice()
 	if err != nil {
 		return decision{}, r.redisErr("claim", key, err)
 	}
-	d := decision{kind: str(v, 0)}
+	d := decision{kind: str(v, 0), sent: sent, came: time.Now()}
 	switch d.kind {
 	case "owner":
-		d.token, d.attempt, d.gen, d.until = token, int(num(v, 1)), str(v, 2), num(v, 3)
+		d.token, d.attempt, d.gen, d.until, d.us = token, int(num(v, 1)), str(v, 2), num(v, 3), num(v, 4)
 	case "follow":
 		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
 		d.batches = -1 // not known: the follower reads the stream at once
+		d.us = num(v, 5)
 	case "changed", "exhausted":
 	default:
 		err = fmt.Errorf("singleflight: claim: unexpected answer %q", d.kind)

@@ -118,6 +118,7 @@ func (l *leader) run() bool {
 			l.local = true
 			continue
 		}
+		f.sawRedis(d.us, d.sent)
 		var (
 			token string // of the attempt to own, from lookup or claim
 			c     decision
@@ -183,6 +184,7 @@ func (l *leader) run() bool {
 				l.local = true
 				continue
 			}
+			f.sawRedis(c.us, c.sent)
 			l.contended = false
 			switch c.kind {
 			case "follow":
@@ -586,6 +588,7 @@ func (r *remote) recheck(ctx context.Context, f *flight, pos *position, deadline
 	if lerr != nil {
 		return followEnd{kind: followRedisErr, err: lerr}, true
 	}
+	f.sawRedis(d.us, d.sent)
 	switch {
 	case d.kind == "follow" && d.token == pos.token:
 		*deadline, *recheck = time.Now().Add(d.remaining), 0
@@ -689,7 +692,8 @@ func (r *remote) apply(f *flight, pos *position, m redis.XMessage) (followEnd, b
 		if head == nil {
 			head = &Head{Status: 200}
 		}
-		f.finish(*head, data)
+		a, _ := strconv.ParseInt(val(m, "a"), 10, 64)
+		f.finishAnswered(*head, data, answered{redis: a, local: r.g.localAt(val(m, "l"))})
 		return followEnd{kind: followDone}, true
 	case "failed":
 		res := Result{Outcome: Retry, Body: data}

@@ -6,7 +6,10 @@
 --         after all, they are not added again (0 0: no such batch)
 -- ARGV[4] status  ARGV[5] header (JSON)  ARGV[6] data (not yet streamed)
 -- ARGV[7] transcript (the whole body)  ARGV[8] store ("1")  ARGV[9] result_ttl_ms
--- ARGV[10] linger_ms
+-- ARGV[10] linger_ms  ARGV[11] answered: a lower bound of this server's time (µs) when the
+--         owner answered its own client, before this write ('': not before it); followers
+--         that may have joined after it do not take the answer (see answered.go)
+-- ARGV[12] the owner Group's own stamp of that moment
 -- returns 1 completed (or already completed by me: safe to run twice), 0 fenced
 -- then the six ARGV of restore.lua, which runs first if the meta is gone
 local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n')
@@ -24,7 +27,14 @@ local data = ARGV[6]
 if tonumber(ARGV[2]) > 0 and n >= tonumber(ARGV[2]) then
   data = string.sub(data, tonumber(ARGV[3]) + 1)
 end
-local id = xadd(KEYS[2], {'t', 'done', 'tok', ARGV[1], 'n', n + 1, 's', ARGV[4], 'h', ARGV[5], 'd', data})
+local entry = {'t', 'done', 'tok', ARGV[1], 'n', n + 1, 's', ARGV[4], 'h', ARGV[5], 'd', data}
+if ARGV[11] ~= '' then
+  entry[#entry + 1] = 'a'
+  entry[#entry + 1] = ARGV[11]
+  entry[#entry + 1] = 'l'
+  entry[#entry + 1] = ARGV[12]
+end
+local id = xadd(KEYS[2], entry)
 if ARGV[8] == '1' then
   -- The entry's ID is this server's time in ms (or the stream's last, if the clock went
   -- back): the answer's time, without a TIME call. The five fields are all a result ever

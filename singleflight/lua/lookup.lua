@@ -8,12 +8,14 @@
 -- ARGV[7] max_age_ms (> 0: a stored result older than this is not served)
 -- ARGV[8] route  ARGV[9] model   (shown by the flights listing; written when claiming)
 -- returns {"hit", status, header, body, age_ms, token, ttl_left_ms}   token: of the attempt that stored it
---      or {"owner", attempt, gen_id, lease_until}            claimed with the candidate
---      or {"follow", token, lease_remaining_ms, gen_id, attempt, batches}   batches: appended so far
+--      or {"owner", attempt, gen_id, lease_until, now_us}    claimed with the candidate
+--      or {"follow", token, lease_remaining_ms, gen_id, attempt, batches, now_us}   batches: appended so far
+--      (now_us: this server's time in µs, for the fence of answers given early: see answered.go)
 --      or {"claim", seen_token, attempt, reason, gen_id}     reason: absent | expired | failed | done
 -- Safe to run twice: a repeated lookup with my own candidate answers "owner" again.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 if ARGV[1] ~= '1' then
   local r = redis.call('HMGET', KEYS[2], 'status', 'header', 'body', 'at', 'token')
@@ -29,7 +31,7 @@ end
 local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until', 'attempt', 'gen', 'n')
 local cand = ARGV[2]
 if cand ~= '' and m[2] == cand then
-  return {'owner', tonumber(m[4]), m[5], tonumber(m[3])}
+  return {'owner', tonumber(m[4]), m[5], tonumber(m[3]), now_us}
 end
 if cand ~= '' and (not m[1] or m[1] == 'D') then
   local gen = xadd(KEYS[3], {'t', 'gen', 'tok', cand, 'a', 1})
@@ -41,7 +43,7 @@ if cand ~= '' and (not m[1] or m[1] == 'D') then
     'route', ARGV[8] or '', 'model', ARGV[9] or '')
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   redis.call('PEXPIRE', KEYS[3], ARGV[5])
-  return {'owner', 1, gen, now + tonumber(ARGV[4])}
+  return {'owner', 1, gen, now + tonumber(ARGV[4]), now_us}
 end
 if not m[1] then
   return {'claim', '', 0, 'absent', ''}
@@ -50,7 +52,7 @@ local attempt = tonumber(m[4]) or 0
 if m[1] == 'R' then
   local rem = tonumber(m[3]) - now
   if rem > 0 then
-    return {'follow', m[2], rem, m[5], attempt, tonumber(m[6]) or -1}
+    return {'follow', m[2], rem, m[5], attempt, tonumber(m[6]) or -1, now_us}
   end
   return {'claim', m[2], attempt, 'expired', m[5]}
 end
