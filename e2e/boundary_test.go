@@ -152,3 +152,38 @@ func wantFailure(t testing.TB, who string, r streamResult, status int, n int64) 
 		t.Errorf("%s: X-Request-Id %q with the body of call %d: a mixed answer", who, id, n)
 	}
 }
+
+// TestRequestAgainAfterAnswer: a client sends the same unary request again as soon as it has
+// the answer, each time to the next instance. The owner of each call answers its client
+// before Redis has been told the flight ended, so the next request can find that flight
+// still running; it was sent after the answer, and where nothing stored may serve it
+// (result_ttl 0, or Cache-Control: no-cache) it must get a call of its own, never the
+// answer it was sent to replace.
+func TestRequestAgainAfterAnswer(t *testing.T) {
+	const rounds = 150
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		hdr  []string
+	}{
+		{name: "result_ttl=0", env: map[string]string{"LLM_DEDUPE_FLIGHT_RESULT_TTL": "0s"}},
+		{name: "no-cache", hdr: []string{"Cache-Control", "no-cache"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startCluster(t, clusterOpts{env: tc.env})
+			model := "e2e-again-" + strings.NewReplacer("=", "", "-", "").Replace(tc.name)
+			body := chatBody(model, "the same question, asked again on receipt")
+			for i := range int64(rounds) {
+				in := c.ins[i%int64(len(c.ins))]
+				a := post(in.URL, chatPath, body, apiKeyA, tc.hdr...)
+				if n := wantChat(t, fmt.Sprintf("request %d", i+1), a, model, 0); n != i+1 {
+					t.Fatalf("request %d, sent after answer %d arrived, got call %d's answer (role %s); want call %d",
+						i+1, i, n, a.role(), i+1)
+				}
+			}
+			if s := c.fake.stats(); s.Calls != rounds {
+				t.Errorf("upstream %+v; want %d calls, one per request", s, rounds)
+			}
+		})
+	}
+}
