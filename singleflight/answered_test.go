@@ -219,3 +219,39 @@ func TestLateJoinerOfFollowingFlight(t *testing.T) {
 		})
 	}
 }
+
+// A final write slower than a lease: the owner's client has its answer, and the attempt
+// keeps its lease renewed until the write lands, so the follower elsewhere gets that
+// answer rather than taking the flight over for a second call.
+func TestSlowFinalWriteKeepsTheLease(t *testing.T) {
+	srv := redistest.Start(t)
+	o := Options{LeaseTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, TakeoverJitter: 10 * time.Millisecond}
+	rdb := srv.Client()
+	renewals := &cmdCounter{match: scriptRuns(renewScript)}
+	rdb.AddHook(renewals)
+	oa := o
+	oa.Redis = rdb
+	a := New(oa)
+	t.Cleanup(func() { a.Close(context.Background()) })
+	other := backend{name: "redis", redis: srv}.group(t, o)
+	key := uniqueKey()
+	n := newNumbered()
+	release := holdComplete(t, a)
+	ra, _ := a.Do(key, false, n.fn)
+	waitCond(t, 10*time.Second, "the owner running", func() bool { return n.calls.Load() == 1 })
+	rb, _ := other.Do(key, false, n.fn)
+	got := readIn(rb)
+	following(t, other, key, got)
+	close(n.gate)
+	answeredFirst(t, ra, "answer-1")
+	// Held for more than two leases, as its renewals count.
+	from := renewals.calls.Load()
+	waitCond(t, 10*time.Second, "renewals for two leases", func() bool { return renewals.calls.Load() >= from+7 })
+	release()
+	if out := <-got; out.err != nil || out.body != "answer-1" {
+		t.Errorf("the follower got (%q, %v, %v); want answer-1", out.body, out.role, out.err)
+	}
+	if c := n.calls.Load(); c != 1 {
+		t.Errorf("%d upstream calls; want 1", c)
+	}
+}

@@ -58,9 +58,7 @@ const (
 // own runs f's owner function as one attempt under o and publishes what it produces.
 func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Result, error) {
 	fctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	tctx, cancelT := context.WithTimeoutCause(fctx, g.opts.Timeout, ErrTimeout)
-	defer cancelT()
 
 	g.setOwned(f, true)
 	f.startGen(RoleOwner, true)
@@ -70,8 +68,9 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	// lease), and on until the final write, so a slow final write does not let the lease
 	// run out under it.
 	stopHeartbeat := o.heartbeat(tctx, cancel)
-	// What the attempt holds until its final write has landed: the lease, the contexts,
-	// and its place among the owned flights (Close waits for them).
+	// What the attempt holds until its final write has landed: the lease, the contexts
+	// (the heartbeat's among them: cancelled, it would stop renewing), and its place among
+	// the owned flights (Close waits for them).
 	release := func() {
 		stopHeartbeat()
 		g.setOwned(f, false)
