@@ -255,3 +255,36 @@ func TestSlowFinalWriteKeepsTheLease(t *testing.T) {
 		t.Errorf("%d upstream calls; want 1", c)
 	}
 }
+
+// Forget after the owner's client had the answer and before its final write landed: the
+// final write must not store the answer Forget was called to drop.
+func TestForgetBeforeFinalWriteLands(t *testing.T) {
+	b := backend{name: "redis", redis: redistest.Start(t)}
+	o := Options{ResultTTL: time.Minute}
+	a, other := b.group(t, o), b.group(t, o)
+	key := uniqueKey()
+	n := newNumbered()
+	release := holdComplete(t, a)
+	landed := make(chan struct{})
+	held := a.hooks.finalWrite
+	a.hooks.finalWrite = func(k string, write func()) { held(k, write); close(landed) }
+	ra, _ := a.Do(key, false, n.fn)
+	close(n.gate)
+	answeredFirst(t, ra, "answer-1")
+	if _, err := other.Forget(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	<-landed
+	// Forget clears its own instance's memory at once, the others' when its message
+	// reaches them: ask it, and an instance that kept nothing.
+	for _, g := range []*Group{other, b.group(t, o)} {
+		rd, _ := g.Do(key, false, n.fn)
+		if out := <-readIn(rd); out.body == "answer-1" {
+			t.Fatalf("after Forget, a request got the forgotten answer (%v)", out.role)
+		}
+	}
+	if c := n.calls.Load(); c != 2 {
+		t.Errorf("%d upstream calls; want 2 (the answer forgotten, then the next one stored)", c)
+	}
+}

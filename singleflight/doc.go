@@ -29,7 +29,8 @@
 //
 // With the prefix P (default "ai:flight") and the key K:
 //
-//	P:meta:{K}    hash    state R|D|F, token, owner, lease_until, attempt, created, gen, n, route, model
+//	P:meta:{K}    hash    state R|D|F, token, owner, lease_until, attempt, created, gen, n, route, model,
+//	                      forgot (µs: Forget ran while it was running; see forget.lua)
 //	P:stream:{K}  stream  gen, chunk, done, failed entries, each with the writer's token
 //	                      (a done entry given early also has a, l: see answered.go)
 //	P:result:{K}  hash    status, header, body, at, token   (only for a stored outcome)

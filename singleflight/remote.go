@@ -34,6 +34,8 @@ var (
 	restoreSrc string
 	//go:embed lua/wake.lua
 	wakeSrc string
+	//go:embed lua/forget.lua
+	forgetSrc string
 
 	lookupScript   = redis.NewScript(wakeSrc + lookupSrc)
 	claimScript    = redis.NewScript(wakeSrc + claimSrc)
@@ -42,6 +44,7 @@ var (
 	completeScript = redis.NewScript(wakeSrc + restoreSrc + completeSrc)
 	failScript     = redis.NewScript(wakeSrc + restoreSrc + failSrc)
 	incrScript     = redis.NewScript(incrSrc)
+	forgetScript   = redis.NewScript(forgetSrc)
 )
 
 // seqTTL keeps the owner-seq counter from living forever; tokens stay unique after it

@@ -12,7 +12,7 @@
 -- ARGV[12] the owner Group's own stamp of that moment
 -- returns 1 completed (or already completed by me: safe to run twice), 0 fenced
 -- then the six ARGV of restore.lua, which runs first if the meta is gone
-local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n')
+local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n', 'forgot')
 if m[2] ~= ARGV[1] then
   return 0
 end
@@ -35,7 +35,9 @@ if ARGV[11] ~= '' then
   entry[#entry + 1] = ARGV[12]
 end
 local id = xadd(KEYS[2], entry)
-if ARGV[8] == '1' then
+-- An answer given before a forget of its key (forget.lua) is not stored.
+local forgot = ARGV[11] ~= '' and m[4] and tonumber(m[4]) >= tonumber(ARGV[11])
+if ARGV[8] == '1' and not forgot then
   -- The entry's ID is this server's time in ms (or the stream's last, if the clock went
   -- back): the answer's time, without a TIME call. The five fields are all a result ever
   -- holds, so writing them replaces one stored before.
