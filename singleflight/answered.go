@@ -138,10 +138,15 @@ func (g *Group) localAt(s string) time.Time {
 // finishAnswered ends the flight with an answer whose owner answered its own client
 // before the final write, as a says.
 func (f *flight) finishAnswered(h Head, body []byte, a answered) {
+	f.fence(a)
+	f.finish(h, body)
+}
+
+// fence sets the fence of the answer the flight is about to end with.
+func (f *flight) fence(a answered) {
 	f.mu.Lock()
 	f.answered = a
 	f.mu.Unlock()
-	f.finish(h, body)
 }
 
 // joinedAfterAnswer reports whether a caller that joined f at local time joined may have

@@ -288,3 +288,56 @@ func TestForgetBeforeFinalWriteLands(t *testing.T) {
 		t.Errorf("%d upstream calls; want 2 (the answer forgotten, then the next one stored)", c)
 	}
 }
+
+// A follower's flight can end from its attempt's stored answer instead of the done entry
+// (a look after a read gap finds it stored): the answer's fence goes with it. Here the
+// follower is held before it reads the done entry, and its flight is ended as such a look
+// ends it; the caller that joined after the owner's client had the answer asked for no
+// stored answer, and gets a call of its own.
+func TestFollowerEndingFromStoredAnswerIsFenced(t *testing.T) {
+	b := backend{name: "redis", redis: redistest.Start(t)}
+	o := Options{ResultTTL: time.Minute}
+	a, other := b.group(t, o), b.group(t, o)
+	hold := make(chan struct{})
+	var holding atomic.Bool
+	other.hooks.resumed = func() {
+		if holding.Load() {
+			<-hold
+		}
+	}
+	t.Cleanup(func() { close(hold) })
+	key := uniqueKey()
+	n := newNumbered()
+	release := holdComplete(t, a)
+	landed := make(chan struct{})
+	held := a.hooks.finalWrite
+	a.hooks.finalWrite = func(k string, write func()) { held(k, write); close(landed) }
+	ra, _ := a.Do(key, false, n.fn)
+	waitCond(t, 10*time.Second, "the owner running", func() bool { return n.calls.Load() == 1 })
+	early, _ := other.Do(key, false, n.fn)
+	earlyOut := readIn(early)
+	following(t, other, key, earlyOut)
+	close(n.gate)
+	answeredFirst(t, ra, "answer-1")
+
+	holding.Store(true)
+	late, _ := other.DoWith(key, CallOptions{NoCache: true}, n.fn)
+	if late.f != early.f {
+		t.Fatal("the late request did not join the following flight")
+	}
+	f := late.f
+	lateOut := readIn(late)
+	release()
+	<-landed
+	d, err := other.remote.lookup(key, false, "", CallOptions{})
+	if err != nil || d.kind != "hit" || d.answered.redis == 0 {
+		t.Fatalf("lookup after the final write: %+v, %v; want a hit with its fence", d, err)
+	}
+	other.remote.serveHit(f, d, &position{token: d.token})
+	if out := <-earlyOut; out.err != nil || out.body != "answer-1" {
+		t.Errorf("the request that waited for the answer got (%q, %v, %v); want answer-1", out.body, out.role, out.err)
+	}
+	if out := <-lateOut; out.err != nil || out.body != "answer-2" {
+		t.Errorf("the no-cache request that joined after the answer got (%q, %v, %v); want answer-2", out.body, out.role, out.err)
+	}
+}

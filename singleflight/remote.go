@@ -121,6 +121,7 @@ type decision struct {
 	// command was sent and its reply came (see answered.go)
 	us         int64
 	sent, came time.Time
+	answered   answered // hit: the stored answer's fence, if its owner answered before storing it
 }
 
 // lookup asks what a caller of key should do; with a candidate token it may claim the
@@ -146,6 +147,7 @@ func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptio
 		if left := num(v, 6); left > 0 {
 			d.ttl = d.age + time.Duration(left)*time.Millisecond
 		}
+		d.answered = answered{redis: num(v, 7), local: r.g.localAt(str(v, 8))}
 	case "follow":
 		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
 		d.batches = -1

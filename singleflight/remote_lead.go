@@ -32,6 +32,11 @@ func (p *position) switchTo(f *flight, d decision) {
 // it; one that followed nothing is a hit.
 func (r *remote) serveHit(f *flight, d decision, pos *position) {
 	d.head = r.g.keepFor(f.key, d.head, d.body, d.age, d.ttl) // annotated: its readers need not parse it
+	if pos.token != "" {
+		// Its callers joined a flight in progress, some maybe after that answer reached
+		// a client: the same fence as the done entry's.
+		f.fence(d.answered)
+	}
 	switch {
 	case pos.token == "":
 		f.finishHit(d.head, d.body, d.age)

@@ -39,10 +39,13 @@ local id = xadd(KEYS[2], entry)
 local forgot = ARGV[11] ~= '' and m[4] and tonumber(m[4]) >= tonumber(ARGV[11])
 if ARGV[8] == '1' and not forgot then
   -- The entry's ID is this server's time in ms (or the stream's last, if the clock went
-  -- back): the answer's time, without a TIME call. The five fields are all a result ever
-  -- holds, so writing them replaces one stored before.
+  -- back): the answer's time, without a TIME call. The seven fields are all a result ever
+  -- holds, so writing them replaces one stored before. a and l, the fence of an answer
+  -- given before this write, go with it: a follower of this attempt that ends from the
+  -- stored answer rather than from the done entry applies the same fence.
   local at = string.match(id, '^%d+')
-  redis.call('HSET', KEYS[3], 'status', ARGV[4], 'header', ARGV[5], 'body', ARGV[7], 'at', at, 'token', ARGV[1])
+  redis.call('HSET', KEYS[3], 'status', ARGV[4], 'header', ARGV[5], 'body', ARGV[7], 'at', at, 'token', ARGV[1],
+    'a', ARGV[11], 'l', ARGV[12])
   redis.call('PEXPIRE', KEYS[3], ARGV[9])
 end
 redis.call('HSET', KEYS[1], 'state', 'D', 'lease_until', 0, 'n', n + 1)
