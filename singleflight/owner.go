@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"runtime/debug"
 	"time"
 )
@@ -158,6 +159,12 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 				defer wcancel()
 				complete()
 			}()
+			// Let the final write go out before the caller answers its client: the
+			// goroutine just made runs next on this P, sends, and waits for its reply
+			// off the caller's path. Otherwise it waits for another P to be woken while
+			// the answer goes out and the client's next requests come in, and the
+			// followers elsewhere, who get the answer only once it lands, wait with it.
+			runtime.Gosched()
 			return attemptDone, res, nil
 		}
 		// Streamed bytes: the flight ends for its local readers once the final write is
