@@ -201,63 +201,29 @@ func TestThunderingHerd(t *testing.T) {
 	t.Logf("20 instances: %d claim attempts for 1 takeover", claims.n.Load())
 }
 
-// TestLostWakeup: between a follower's lookup and its first read, the owner completes; the
-// follower must not miss the entries written meanwhile (it would wait for the lease).
-//   - streamed: the answer is written through the Writer, and ends for the owner's caller
-//     once its final write landed; the follower reads the entries.
-//   - whole, stored: the owner's caller has the answer before its final write. The
-//     follower looked the key up just before that answer; it may not be told from a
-//     request sent after it (see answered.go) and then looks again, finding the stored
-//     answer. Either way it has it at once, with one call.
 func TestLostWakeup(t *testing.T) {
-	srv := redistest.Start(t)
-	for _, streamed := range []bool{true, false} {
-		name := "whole, stored"
-		if streamed {
-			name = "streamed"
-		}
-		t.Run(name, func(t *testing.T) {
-			b := backend{name: "redis", redis: srv}
-			// A long lease: a follower that missed the done entry would wait for it to run out.
-			o := Options{LeaseTTL: 30 * time.Second, HeartbeatInterval: 10 * time.Second}
-			if !streamed {
-				o.ResultTTL = time.Minute
-			}
-			a, f := b.group(t, o), b.group(t, o)
-			key := uniqueKey()
-			rp := newReply("late")
-			fn := rp.fn
-			if streamed {
-				fn = func(ctx context.Context, w *Writer) (Result, error) {
-					res, err := rp.fn(ctx, w)
-					w.WriteHead(res.Head)
-					_, _ = w.Write(res.Body)
-					res.Body = nil
-					return res, err
-				}
-			}
-			running := make(chan struct{}, 1)
-			ra, _ := a.Do(key, false, started(running, fn))
-			defer ra.Close()
-			<-running
-			landed := make(chan struct{})
-			a.hooks.finalWrite = func(_ string, write func()) { write(); close(landed) }
-			f.hooks.beforeFollow = once(func() {
-				rp.release()
-				readAll(context.Background(), ra)
-				<-landed
-			})
-			start := time.Now()
-			out := doAll(t, f, key, 1, rp.fn)()[0]
-			want := out.role == RoleFollower || !streamed && out.role == RoleHit
-			if out.body != "late" || !want || rp.calls.Load() != 1 {
-				t.Fatalf("got (%q, %v, %v) with %d calls; want late as follower (or as a hit of the stored answer, if whole), one call",
-					out.body, out.role, out.err, rp.calls.Load())
-			}
-			if d := time.Since(start); d > 10*time.Second {
-				t.Fatalf("follower took %v: it missed the entry written before its read", d)
-			}
-		})
+	b := backend{name: "redis", redis: redistest.Start(t)}
+	// A long lease: a follower that missed the done entry would wait for it to run out.
+	o := Options{LeaseTTL: 30 * time.Second, HeartbeatInterval: 10 * time.Second}
+	a, f := b.group(t, o), b.group(t, o)
+	key := uniqueKey()
+	rp := newReply("late")
+	running := make(chan struct{}, 1)
+	ra, _ := a.Do(key, false, started(running, rp.fn))
+	defer ra.Close()
+	<-running
+	// Between the follower's lookup and its first read, the owner completes.
+	f.hooks.beforeFollow = func() {
+		rp.release()
+		readAll(context.Background(), ra)
+	}
+	start := time.Now()
+	out := doAll(t, f, key, 1, rp.fn)()[0]
+	if out.body != "late" || out.role != RoleFollower {
+		t.Fatalf("got (%q, %v, %v); want (late, follower)", out.body, out.role, out.err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("follower took %v: it missed the entry written before its read", d)
 	}
 }
 
@@ -265,10 +231,7 @@ func TestRedisStoppedDuringFlight(t *testing.T) {
 	srv := redistest.Start(t)
 	b := backend{name: "redis", redis: srv}
 	recA, recB := newRecorder(), newRecorder()
-	// The answer is stored: B's callers join just before it is given, within the margin
-	// in which a caller cannot be told from one sent after it (see answered.go); they then
-	// take the stored answer rather than calling again.
-	o := Options{LeaseTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond, ResultTTL: time.Minute}
+	o := Options{LeaseTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond}
 	oa, ob := o, o
 	oa.Observer, ob.Observer = recA, recB
 	a, bg := b.group(t, oa), b.group(t, ob)

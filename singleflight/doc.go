@@ -29,11 +29,10 @@
 //
 // With the prefix P (default "ai:flight") and the key K:
 //
-//	P:meta:{K}    hash    state R|D|F, token, owner, lease_until, attempt, created, gen, n, route, model,
-//	                      forgot (µs: Forget ran while it was running; see forget.lua)
+//	P:meta:{K}    hash    state R|D|F, token, owner, lease_until, attempt, created, gen, n, route, model
 //	P:stream:{K}  stream  gen, chunk, done, failed entries, each with the writer's token
-//	                      (a done entry given early also has a, l: see answered.go)
-//	P:result:{K}  hash    status, header, body, at, token   (only for a stored outcome)
+//	                      (done also has a: when it was written, µs; see answered.go)
+//	P:result:{K}  hash    status, header, body, at, token, a   (only for a stored outcome)
 //	P:owner-seq   string  INCR counter, first part of every fencing token
 //	P:ns:NAME     string  generation of namespace NAME (see purge.go)
 //	P:invalidate  channel purges, for every instance's memory (see purge.go)
@@ -44,8 +43,7 @@
 // atomically. owner-seq lives in another slot: an instance reserves its numbers in blocks
 // (INCRBY 64), and the lookup of a new flight carries a candidate token, so that a key
 // nobody holds is claimed in the lookup itself. An owner costs two round trips, lookup
-// and complete, and its caller waits for the first only when its answer is whole (see
-// the fence below); a takeover is lookup, jitter, lookup, then claim.lua's compare-and-set.
+// and complete; a takeover is lookup, jitter, lookup, then claim.lua's compare-and-set.
 //
 // # States
 //
@@ -61,8 +59,6 @@
 //   - One clock: every lease decision is made in a script with Redis's TIME; lease_until is
 //     Redis time, and scripts answer the remaining milliseconds. TTLs are PEXPIRE with
 //     durations, never a proxy's timestamp. Go code measures with the monotonic clock.
-//     Only the fence of an answer given before its final write compares the two clocks,
-//     with a margin for drift, and it errs towards looking again (answered.go).
 //     (Scripts need effect replication for TIME followed by writes; it is the default
 //     since Redis 5, and the minimum server is 6.2.)
 //   - Lease, not lock: the owner renews lease_until every HeartbeatInterval (renew.lua).
@@ -110,13 +106,11 @@
 //     done; the result ResultTTL; owner-seq a week (tokens stay unique without it). A
 //     claim trims stream entries older than Linger (IDs are the server's milliseconds),
 //     never the generation that just ended: its followers may be between two reads.
-//   - Answered, then completed, behind a fence: an owner with a whole answer (nothing
-//     written through its Writer) gives it to its local readers before complete, which
-//     goes on on its own goroutine under the attempt's lease. complete carries a lower
-//     bound of Redis's clock at that moment, and the owner Group's own reading of it; a
-//     caller that may have joined after it (by an upper bound from its flight's lookups,
-//     or exactly in the owner's Group) does not take the answer and joins the key anew
-//     (answered.go). A streamed answer ends for the owner's readers after complete.
+//   - Not after the answer: complete stamps the done entry and the stored answer with its
+//     own Redis time; a follower's caller that may have joined its local flight after
+//     that (by an upper bound from the flight's lookups) does not take the answer and
+//     joins the key anew, so a request sent after an answer arrived never gets that
+//     answer as if in flight (answered.go).
 //   - Owner code never hangs a follower: a panic is recovered and fails the attempt.
 //
 // # Outcomes

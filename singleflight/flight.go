@@ -46,11 +46,10 @@ type flight struct {
 	// the leader's reader gets it as is (its own upstream answer), others wait for a retry.
 	leaderFail *Result
 	attempts   int // owned attempts run here, for the flights listing
-	// What this flight's lookups read of Redis's clock, and when its owner elsewhere
-	// answered its own client: callers that may have joined after that look again (see
-	// answered.go).
+	// What this flight's lookups read of Redis's clock, and when the answer it ended with
+	// landed: callers that may have joined after that look again (see answered.go).
 	clockFirst, clockLast clockRef
-	answered              answered
+	landed                int64
 }
 
 func newFlight(key, lkey string, noCache bool, fn Func, cancel context.CancelCauseFunc) *flight {
@@ -226,8 +225,8 @@ type Reader struct {
 	g      *Group
 	f      *flight
 	leader bool
-	// What the caller asked for, to join the key anew when the flight's answer reached a
-	// client before it joined; and when it joined (Redis Groups only).
+	// What the caller asked for, to join the key anew when the flight's answer landed
+	// before it may have joined; and when it joined (Redis Groups only).
 	fn     Func
 	call   CallOptions
 	joined time.Time
@@ -274,7 +273,7 @@ func (r *Reader) Next(ctx context.Context) ([]byte, error) {
 			}
 			r.gen, r.idx = f.gen, 0
 		}
-		if f.answered.redis != 0 && f.ended && !r.delivered && f.joinedAfterAnswer(r.joined) {
+		if f.landed != 0 && f.ended && !r.delivered && f.joinedAfterAnswer(r.joined) {
 			f.mu.Unlock()
 			if err := r.rejoin(); err != nil {
 				return nil, err
@@ -309,8 +308,8 @@ func (r *Reader) Next(ctx context.Context) ([]byte, error) {
 	}
 }
 
-// rejoin leaves a flight whose answer reached a client before this caller may have joined,
-// and joins the key anew, as a caller arriving now: nothing was delivered yet.
+// rejoin leaves a flight whose answer landed before this caller may have joined it, and
+// joins the key anew, as a caller arriving now: nothing was delivered yet.
 func (r *Reader) rejoin() error {
 	old, leader := r.f, r.leader
 	call := r.call

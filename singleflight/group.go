@@ -205,23 +205,18 @@ type Group struct {
 
 	degraded atomic.Bool
 	hooks    hooks
-	// epoch names this Group's clock, which started at born: an owner's done entry
-	// stamps its answer with it, so that this Group's followers compare one clock.
-	epoch string
-	born  time.Time
-	inv   invalidation // purges and namespace generations; see purge.go
+	inv      invalidation // purges and namespace generations; see purge.go
 }
 
 // hooks let the package's tests stop the world at the points where faults matter.
 type hooks struct {
-	beforeRenew  func(ctx context.Context)      // blocks a heartbeat (a paused or dead owner)
-	beforeFollow func()                         // runs between a follower's lookup and its subscription
-	readGap      func()                         // a follower's read found nothing (or failed), before it looks again
-	afterEntries func()                         // a follower applied one read's entries, before its next read
-	beforeClaim  func()                         // a contender is about to run claim.lua
-	aliveHeard   func()                         // the hub heard an alive message
-	resumed      func()                         // a parked follower was woken
-	finalWrite   func(key string, write func()) // runs an owner's final write to Redis (a slow or failing Redis)
+	beforeRenew  func(ctx context.Context) // blocks a heartbeat (a paused or dead owner)
+	beforeFollow func()                    // runs between a follower's lookup and its subscription
+	readGap      func()                    // a follower's read found nothing (or failed), before it looks again
+	afterEntries func()                    // a follower applied one read's entries, before its next read
+	beforeClaim  func()                    // a contender is about to run claim.lua
+	aliveHeard   func()                    // the hub heard an alive message
+	resumed      func()                    // a parked follower was woken
 }
 
 type storedResult struct {
@@ -255,10 +250,7 @@ func (g *Group) keep(key string, head Head, body []byte, age time.Duration) {
 func New(opts Options) *Group {
 	opts.setDefaults()
 	ctx, stop := context.WithCancelCause(context.Background())
-	g := &Group{opts: opts, ctx: ctx, stop: stop, flights: map[string]*flight{}, owned: map[*flight]bool{}, ownedIdle: make(chan struct{}), born: time.Now()}
-	var ep [6]byte
-	_, _ = rand.Read(ep[:])
-	g.epoch = hex.EncodeToString(ep[:])
+	g := &Group{opts: opts, ctx: ctx, stop: stop, flights: map[string]*flight{}, owned: map[*flight]bool{}, ownedIdle: make(chan struct{})}
 	// An LRU bounded in entries and bytes whose entries expire when read (see cached), with
 	// no cleanup goroutine. Without Redis it is the result store; with Redis a first level
 	// in front of it, so that a hit costs no round trip, and hits go on while Redis is down.

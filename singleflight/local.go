@@ -17,7 +17,6 @@ func (localOwnership) remote() bool                                             
 
 func (localOwnership) complete(context.Context, final) error { return nil }
 func (localOwnership) abandon()                              {}
-func (localOwnership) redisTimeBy(time.Time) int64           { return 0 }
 
 // lead runs the flight f until it has an outcome for its readers.
 func (g *Group) lead(ctx context.Context, f *flight) {

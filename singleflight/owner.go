@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"runtime/debug"
 	"time"
 )
@@ -26,8 +25,6 @@ type ownership interface {
 	// abandon tells followers elsewhere that the attempt ended although its final write
 	// failed: they look the flight up instead of waiting for its lease on the owner's word.
 	abandon()
-	// redisTimeBy is a lower bound of Redis's clock (µs) at local time t; 0 if unknown.
-	redisTimeBy(t time.Time) int64
 }
 
 // final is what complete writes: the head, the bytes followers have not surely been sent
@@ -41,10 +38,6 @@ type final struct {
 	transcript []byte
 	store      bool
 	ttl        time.Duration // of the stored answer
-	// answered: by when the local readers had the answer, a lower bound of Redis's clock
-	// (µs; 0: after this write) and the Group's stamp of that moment (see answered.go)
-	answered int64
-	stamp    string
 }
 
 // attemptEnd is how one owned attempt ended.
@@ -59,9 +52,12 @@ const (
 // own runs f's owner function as one attempt under o and publishes what it produces.
 func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Result, error) {
 	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	tctx, cancelT := context.WithTimeoutCause(fctx, g.opts.Timeout, ErrTimeout)
+	defer cancelT()
 
 	g.setOwned(f, true)
+	defer g.setOwned(f, false)
 	f.startGen(RoleOwner, true)
 
 	w := &Writer{g: g, f: f, o: o, ctx: fctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
@@ -69,21 +65,7 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	// lease), and on until the final write, so a slow final write does not let the lease
 	// run out under it.
 	stopHeartbeat := o.heartbeat(tctx, cancel)
-	// What the attempt holds until its final write has landed: the lease, the contexts
-	// (the heartbeat's among them: cancelled, it would stop renewing), and its place among
-	// the owned flights (Close waits for them).
-	release := func() {
-		stopHeartbeat()
-		g.setOwned(f, false)
-		cancelT()
-		cancel(nil)
-	}
-	detached := false // the final write goes on without the caller: it releases
-	defer func() {
-		if !detached {
-			release()
-		}
-	}()
+	defer stopHeartbeat()
 
 	res, err := callOwner(tctx, f.fn, w)
 	// An answer the function returned before anything ended its context is whole: its
@@ -107,11 +89,7 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	}
 	// The write below must happen even when the flight context ended (timeout, shutdown).
 	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout(g))
-	defer func() {
-		if !detached {
-			wcancel()
-		}
-	}()
+	defer wcancel()
 	if err == nil && cause != nil {
 		err = cause
 	}
@@ -125,52 +103,18 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 			fin.transcript = w.transcript(res.Body)
 			g.keepFor(f.key, fin.head, fin.transcript, 0, ttl) // kept here even if Redis is down
 		}
-		complete := func() {
-			var cerr error
-			write := func() { cerr = o.complete(wctx, fin) }
-			if h := g.hooks.finalWrite; h != nil && o.remote() {
-				h(f.key, write)
-			} else {
-				write()
-			}
-			stopHeartbeat()
-			if cerr != nil && !errors.Is(cerr, ErrLeaseLost) {
-				o.abandon() // the flight may look running with nobody renewing it
-			}
-			if errors.Is(cerr, ErrLeaseLost) {
-				// Another owner took over; its result is the stored one. Our local
-				// readers already hold a whole answer, so they get it rather than a
-				// second call.
-				g.observe(Event{Kind: EventFencedWrite, Key: f.key, Op: "complete"})
-			}
+		// The flight ends for its local readers once the final write is done, not before:
+		// a request sent after an answer arrived must never find that flight running.
+		cerr := o.complete(wctx, fin)
+		stopHeartbeat()
+		if cerr != nil && !errors.Is(cerr, ErrLeaseLost) {
+			o.abandon() // the flight may look running with nobody renewing it
 		}
-		now := time.Now()
-		if us := o.redisTimeBy(now); us > 0 && w.wroteNothing() {
-			fin.answered, fin.stamp = us, g.stamp(now)
-			// A whole answer: no follower anywhere has a byte of it before the final
-			// write. The local readers have it now, and the final write goes on
-			// without them, fenced by the time they had it (see answered.go).
-			f.finish(res.Head, res.Body)
-			detached = true
-			g.wg.Add(1)
-			go func() {
-				defer g.wg.Done()
-				defer release()
-				defer wcancel()
-				complete()
-			}()
-			// Let the final write go out before the caller answers its client: the
-			// goroutine just made runs next on this P, sends, and waits for its reply
-			// off the caller's path. Otherwise it waits for another P to be woken while
-			// the answer goes out and the client's next requests come in, and the
-			// followers elsewhere, who get the answer only once it lands, wait with it.
-			runtime.Gosched()
-			return attemptDone, res, nil
+		if errors.Is(cerr, ErrLeaseLost) {
+			// Another owner took over; its result is the stored one. Our local readers
+			// already hold a whole answer, so they get it rather than a second call.
+			g.observe(Event{Kind: EventFencedWrite, Key: f.key, Op: "complete"})
 		}
-		// Streamed bytes: the flight ends for its local readers once the final write is
-		// done, not before, so that a request sent after the answer arrived never finds
-		// that flight running.
-		complete()
 		f.finish(res.Head, res.Body)
 		return attemptDone, res, nil
 	}

@@ -174,16 +174,14 @@ func (g *Group) recentlyPurged(key string) bool {
 
 // Forget drops the stored answer of key everywhere: in Redis, and in the memory of every
 // instance (this one at once, the others when the message reaches them). It reports
-// whether an answer was found. A flight in progress goes on; an answer it gave before
-// Forget is not stored when its final write lands after it.
+// whether an answer was found. A flight in progress is not affected.
 func (g *Group) Forget(ctx context.Context, key string) (bool, error) {
 	found := g.forgetKey(key)
 	g.observe(Event{Kind: EventPurge, Op: "answer", Key: key})
 	if g.remote == nil {
 		return found, nil
 	}
-	fk := g.remote.keys(key)
-	n, err := forgetScript.Run(ctx, g.opts.Redis, []string{fk.meta, fk.result}).Int64()
+	n, err := g.opts.Redis.Del(ctx, g.remote.keys(key).result).Result()
 	if err != nil {
 		return found, fmt.Errorf("singleflight: forget: %w", err)
 	}

@@ -34,8 +34,6 @@ var (
 	restoreSrc string
 	//go:embed lua/wake.lua
 	wakeSrc string
-	//go:embed lua/forget.lua
-	forgetSrc string
 
 	lookupScript   = redis.NewScript(wakeSrc + lookupSrc)
 	claimScript    = redis.NewScript(wakeSrc + claimSrc)
@@ -44,7 +42,6 @@ var (
 	completeScript = redis.NewScript(wakeSrc + restoreSrc + completeSrc)
 	failScript     = redis.NewScript(wakeSrc + restoreSrc + failSrc)
 	incrScript     = redis.NewScript(incrSrc)
-	forgetScript   = redis.NewScript(forgetSrc)
 )
 
 // seqTTL keeps the owner-seq counter from living forever; tokens stay unique after it
@@ -117,11 +114,11 @@ type decision struct {
 	body      []byte // hit
 	age       time.Duration
 	ttl       time.Duration // hit: its whole time to live, age included (0: unknown)
-	// owner and follow: Redis's clock (µs) when the script ran, and the local times its
-	// command was sent and its reply came (see answered.go)
-	us         int64
-	sent, came time.Time
-	answered   answered // hit: the stored answer's fence, if its owner answered before storing it
+	// follow: Redis's clock (µs) when the script ran, and when its command was sent; hit:
+	// when the stored answer's complete ran (see answered.go)
+	us     int64
+	sent   time.Time
+	landed int64
 }
 
 // lookup asks what a caller of key should do; with a candidate token it may claim the
@@ -137,7 +134,7 @@ func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptio
 	if err != nil {
 		return decision{}, r.redisErr("lookup", key, err)
 	}
-	d := decision{kind: str(v, 0), sent: sent, came: time.Now()}
+	d := decision{kind: str(v, 0), sent: sent}
 	switch d.kind {
 	case "hit":
 		d.head, err = decodeHead(str(v, 1), str(v, 2))
@@ -147,7 +144,7 @@ func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptio
 		if left := num(v, 6); left > 0 {
 			d.ttl = d.age + time.Duration(left)*time.Millisecond
 		}
-		d.answered = answered{redis: num(v, 7), local: r.g.localAt(str(v, 8))}
+		d.landed = num(v, 7)
 	case "follow":
 		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
 		d.batches = -1
@@ -158,7 +155,7 @@ func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptio
 	case "claim":
 		d.token, d.attempt, d.reason, d.gen = str(v, 1), int(num(v, 2)), str(v, 3), str(v, 4)
 	case "owner":
-		d.token, d.attempt, d.gen, d.until, d.us = candidate, int(num(v, 1)), str(v, 2), num(v, 3), num(v, 4)
+		d.token, d.attempt, d.gen, d.until = candidate, int(num(v, 1)), str(v, 2), num(v, 3)
 	default:
 		err = fmt.Errorf("singleflight: lookup: unexpected answer %q", d.kind)
 	}
@@ -205,10 +202,10 @@ func (r *remote) claim(ctx context.Context, key, token string, seen decision, fr
 	if err != nil {
 		return decision{}, r.redisErr("claim", key, err)
 	}
-	d := decision{kind: str(v, 0), sent: sent, came: time.Now()}
+	d := decision{kind: str(v, 0), sent: sent}
 	switch d.kind {
 	case "owner":
-		d.token, d.attempt, d.gen, d.until, d.us = token, int(num(v, 1)), str(v, 2), num(v, 3), num(v, 4)
+		d.token, d.attempt, d.gen, d.until = token, int(num(v, 1)), str(v, 2), num(v, 3)
 	case "follow":
 		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
 		d.batches = -1 // not known: the follower reads the stream at once

@@ -33,9 +33,9 @@ func (p *position) switchTo(f *flight, d decision) {
 func (r *remote) serveHit(f *flight, d decision, pos *position) {
 	d.head = r.g.keepFor(f.key, d.head, d.body, d.age, d.ttl) // annotated: its readers need not parse it
 	if pos.token != "" {
-		// Its callers joined a flight in progress, some maybe after that answer reached
-		// a client: the same fence as the done entry's.
-		f.fence(d.answered)
+		// Its callers joined a flight in progress, some maybe after that answer landed:
+		// the same fence as the done entry's.
+		f.fence(d.landed)
 	}
 	switch {
 	case pos.token == "":
@@ -697,8 +697,9 @@ func (r *remote) apply(f *flight, pos *position, m redis.XMessage) (followEnd, b
 		if head == nil {
 			head = &Head{Status: 200}
 		}
-		a, _ := strconv.ParseInt(val(m, "a"), 10, 64)
-		f.finishAnswered(*head, data, answered{redis: a, local: r.g.localAt(val(m, "l"))})
+		landed, _ := strconv.ParseInt(val(m, "a"), 10, 64)
+		f.fence(landed)
+		f.finish(*head, data)
 		return followEnd{kind: followDone}, true
 	case "failed":
 		res := Result{Outcome: Retry, Body: data}

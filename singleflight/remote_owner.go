@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strconv"
 	"sync/atomic"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -25,17 +24,13 @@ type remoteOwnership struct {
 	attempt int
 	until   atomic.Int64 // lease_until, Redis time in ms; 0: unknown
 	n       atomic.Int64 // batches appended
-	clock   ownerClock   // what the claim and the renewals said of Redis's clock
 }
 
 func newRemoteOwnership(r *remote, key string, d decision) *remoteOwnership {
 	o := &remoteOwnership{r: r, key: key, k: r.keys(key), token: d.token, attempt: d.attempt}
 	o.until.Store(d.until)
-	o.clock.saw(d.us, d.came)
 	return o
 }
-
-func (o *remoteOwnership) redisTimeBy(t time.Time) int64 { return o.clock.by(t) }
 
 // restoreArgs are the last six arguments of every owner's write (see restore.lua).
 func (o *remoteOwnership) restoreArgs() []any {
@@ -86,8 +81,6 @@ func (o *remoteOwnership) renewRun(ctx context.Context) *redis.Cmd {
 func (o *remoteOwnership) renewed(v int64, err error) error {
 	if err == nil && v > 0 {
 		o.until.Store(v)
-		// lease_until is the renewal's time in ms plus the lease: a lower bound in µs.
-		o.clock.saw((v-o.r.g.opts.LeaseTTL.Milliseconds())*1000, time.Now())
 	}
 	return o.fenced("renew", v, err)
 }
@@ -112,15 +105,8 @@ func (o *remoteOwnership) complete(ctx context.Context, fin final) error {
 	opts := o.r.g.opts
 	v, err := o.r.batch.run(completeScript, []string{o.k.meta, o.k.stream, o.k.result},
 		o.args(o.token, fin.landedN, fin.skip, fin.head.Status, encodeHeader(fin.head.Header), fin.tail, fin.transcript,
-			flag(fin.store), fin.ttl.Milliseconds(), opts.Linger.Milliseconds(), answeredArg(fin.answered), fin.stamp)...).Int64()
+			flag(fin.store), fin.ttl.Milliseconds(), opts.Linger.Milliseconds())...).Int64()
 	return o.fenced("complete", v, err)
-}
-
-func answeredArg(us int64) string {
-	if us <= 0 {
-		return ""
-	}
-	return strconv.FormatInt(us, 10)
 }
 
 func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) error {

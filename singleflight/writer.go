@@ -79,13 +79,6 @@ func (w *Writer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// wroteNothing reports whether nothing was written: the answer is the Result alone.
-func (w *Writer) wroteNothing() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.all) == 0
-}
-
 // transcript is everything written plus the final body.
 func (w *Writer) transcript(body []byte) []byte {
 	w.mu.Lock()

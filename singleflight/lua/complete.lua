@@ -6,13 +6,10 @@
 --         after all, they are not added again (0 0: no such batch)
 -- ARGV[4] status  ARGV[5] header (JSON)  ARGV[6] data (not yet streamed)
 -- ARGV[7] transcript (the whole body)  ARGV[8] store ("1")  ARGV[9] result_ttl_ms
--- ARGV[10] linger_ms  ARGV[11] answered: a lower bound of this server's time (µs) when the
---         owner answered its own client, before this write ('': not before it); followers
---         that may have joined after it do not take the answer (see answered.go)
--- ARGV[12] the owner Group's own stamp of that moment
+-- ARGV[10] linger_ms
 -- returns 1 completed (or already completed by me: safe to run twice), 0 fenced
 -- then the six ARGV of restore.lua, which runs first if the meta is gone
-local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n', 'forgot')
+local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n')
 if m[2] ~= ARGV[1] then
   return 0
 end
@@ -27,25 +24,19 @@ local data = ARGV[6]
 if tonumber(ARGV[2]) > 0 and n >= tonumber(ARGV[2]) then
   data = string.sub(data, tonumber(ARGV[3]) + 1)
 end
-local entry = {'t', 'done', 'tok', ARGV[1], 'n', n + 1, 's', ARGV[4], 'h', ARGV[5], 'd', data}
-if ARGV[11] ~= '' then
-  entry[#entry + 1] = 'a'
-  entry[#entry + 1] = ARGV[11]
-  entry[#entry + 1] = 'l'
-  entry[#entry + 1] = ARGV[12]
-end
-local id = xadd(KEYS[2], entry)
--- An answer given before a forget of its key (forget.lua) is not stored.
-local forgot = ARGV[11] ~= '' and m[4] and tonumber(m[4]) >= tonumber(ARGV[11])
-if ARGV[8] == '1' and not forgot then
+-- a: when this write ran, in µs: no client had the answer before it. A follower's caller
+-- that may have joined its local flight after it is not given the answer (answered.go).
+-- (Written as digits: tostring of a Lua number past 14 digits gives an exponent.)
+local t = redis.call('TIME')
+local landed = t[1] .. string.format('%06d', tonumber(t[2]))
+local id = xadd(KEYS[2], {'t', 'done', 'tok', ARGV[1], 'n', n + 1, 's', ARGV[4], 'h', ARGV[5], 'd', data, 'a', landed})
+if ARGV[8] == '1' then
   -- The entry's ID is this server's time in ms (or the stream's last, if the clock went
-  -- back): the answer's time, without a TIME call. The seven fields are all a result ever
-  -- holds, so writing them replaces one stored before. a and l, the fence of an answer
-  -- given before this write, go with it: a follower of this attempt that ends from the
-  -- stored answer rather than from the done entry applies the same fence.
+  -- back): the answer's time. The six fields are all a result ever holds, so writing them
+  -- replaces one stored before; a goes with it, for a follower that ends from it.
   local at = string.match(id, '^%d+')
   redis.call('HSET', KEYS[3], 'status', ARGV[4], 'header', ARGV[5], 'body', ARGV[7], 'at', at, 'token', ARGV[1],
-    'a', ARGV[11], 'l', ARGV[12])
+    'a', landed)
   redis.call('PEXPIRE', KEYS[3], ARGV[9])
 end
 redis.call('HSET', KEYS[1], 'state', 'D', 'lease_until', 0, 'n', n + 1)

@@ -7,11 +7,11 @@
 -- ARGV[3] owner (instance id)  ARGV[4] lease_ms  ARGV[5] ttl_ms  ARGV[6] linger_ms
 -- ARGV[7] max_age_ms (> 0: a stored result older than this is not served)
 -- ARGV[8] route  ARGV[9] model   (shown by the flights listing; written when claiming)
--- returns {"hit", status, header, body, age_ms, token, ttl_left_ms, a, l}   token: of the attempt that
---          stored it; a, l: its fence, if it answered before its final write (see answered.go)
---      or {"owner", attempt, gen_id, lease_until, now_us}    claimed with the candidate
+-- returns {"hit", status, header, body, age_ms, token, ttl_left_ms, landed_us}   token: of the attempt
+--          that stored it; landed_us: when its complete ran
+--      or {"owner", attempt, gen_id, lease_until}            claimed with the candidate
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt, batches, now_us}   batches: appended so far
---      (now_us: this server's time in µs, for the fence of answers given early: see answered.go)
+--      (now_us and landed_us: this server's time in µs, for the fence of answered.go)
 --      or {"claim", seen_token, attempt, reason, gen_id}     reason: absent | expired | failed | done
 -- Safe to run twice: a repeated lookup with my own candidate answers "owner" again.
 local t = redis.call('TIME')
@@ -19,20 +19,20 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 if ARGV[1] ~= '1' then
-  local r = redis.call('HMGET', KEYS[2], 'status', 'header', 'body', 'at', 'token', 'a', 'l')
+  local r = redis.call('HMGET', KEYS[2], 'status', 'header', 'body', 'at', 'token', 'a')
   local max_age = tonumber(ARGV[7]) or 0
   -- An answer stored by a server whose clock was ahead of this one (a failover, a clock
   -- stepped back) is as new as can be, not younger than that.
   local age = r[1] and math.max(0, now - tonumber(r[4]))
   if r[1] and (max_age <= 0 or age <= max_age) then
-    return {'hit', r[1], r[2], r[3], age, r[5] or '', redis.call('PTTL', KEYS[2]), r[6] or '', r[7] or ''}
+    return {'hit', r[1], r[2], r[3], age, r[5] or '', redis.call('PTTL', KEYS[2]), r[6] or ''}
   end
 end
 
 local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until', 'attempt', 'gen', 'n')
 local cand = ARGV[2]
 if cand ~= '' and m[2] == cand then
-  return {'owner', tonumber(m[4]), m[5], tonumber(m[3]), now_us}
+  return {'owner', tonumber(m[4]), m[5], tonumber(m[3])}
 end
 if cand ~= '' and (not m[1] or m[1] == 'D') then
   local gen = xadd(KEYS[3], {'t', 'gen', 'tok', cand, 'a', 1})
@@ -44,7 +44,7 @@ if cand ~= '' and (not m[1] or m[1] == 'D') then
     'route', ARGV[8] or '', 'model', ARGV[9] or '')
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   redis.call('PEXPIRE', KEYS[3], ARGV[5])
-  return {'owner', 1, gen, now + tonumber(ARGV[4]), now_us}
+  return {'owner', 1, gen, now + tonumber(ARGV[4])}
 end
 if not m[1] then
   return {'claim', '', 0, 'absent', ''}
