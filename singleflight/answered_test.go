@@ -204,3 +204,67 @@ func TestFollowerEndingFromStoredAnswerIsFenced(t *testing.T) {
 	}
 	other.release()
 }
+
+// A request that joins the owner's own flight after its final write landed and a client
+// elsewhere had the answer, before the owner has handled the write's reply (held here by a
+// hook): the owner's callers from before get the answer; the late one is served as if it
+// had come to Redis itself.
+func TestLateJoinerOfOwnedFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, c := range afterAnswerCases {
+		t.Run(c.name, func(t *testing.T) {
+			o := Options{ResultTTL: c.ttl}
+			b := backend{name: "redis", redis: srv}
+			a, other := b.group(t, o), b.group(t, o)
+			landed := make(chan struct{})
+			hold := make(chan struct{})
+			var unhold atomicOnce
+			release := func() { unhold.do(func() { close(hold) }) }
+			t.Cleanup(release)
+			a.hooks.completed = once(func() { // the first call's final write
+				close(landed)
+				<-hold
+			})
+			key := uniqueKey()
+			n := newNumbered()
+			ra, _ := a.DoWith(key, CallOptions{NoCache: c.noCache}, n.fn)
+			ownerOut := readIn(ra)
+			waitCond(t, 10*time.Second, "the owner running", func() bool { return n.calls.Load() == 1 })
+			rb, _ := other.Do(key, c.noCache, n.fn)
+			rbOut := readIn(rb)
+			following(t, other, key, rbOut)
+			close(n.gate)
+			<-landed
+			if out := <-rbOut; out.body != "answer-1" {
+				t.Fatalf("the follower elsewhere got (%q, %v, %v); want answer-1", out.body, out.role, out.err)
+			}
+			late, _ := a.DoWith(key, CallOptions{NoCache: c.noCache}, n.fn)
+			if late.f != ra.f {
+				t.Fatal("the late request did not join the owner's flight")
+			}
+			lateOut := readIn(late)
+			release()
+			if out := <-ownerOut; out.err != nil || out.body != "answer-1" || out.role != RoleOwner {
+				t.Errorf("the owner's caller got (%q, %v, %v); want answer-1 as owner", out.body, out.role, out.err)
+			}
+			c.check(t, "the request that joined after the answer", <-lateOut, n)
+		})
+	}
+}
+
+type atomicOnce struct{ done atomic.Bool }
+
+func (o *atomicOnce) do(fn func()) {
+	if o.done.CompareAndSwap(false, true) {
+		fn()
+	}
+}
+
+// following waits until g's flight of key follows another attempt in Redis, or out has
+// come.
+func following(t *testing.T, g *Group, key string, out <-chan outcome) {
+	t.Helper()
+	waitCond(t, 10*time.Second, "the request following the running flight", func() bool {
+		return len(out) > 0 || g.flightRole(key) == RoleFollower || g.flightRole(key+"\x00nocache") == RoleFollower
+	})
+}

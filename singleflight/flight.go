@@ -50,6 +50,7 @@ type flight struct {
 	// landed: callers that may have joined after that look again (see answered.go).
 	clockFirst, clockLast clockRef
 	landed                int64
+	landedAt              time.Time // owned here: when the final write was sent
 }
 
 func newFlight(key, lkey string, noCache bool, fn Func, cancel context.CancelCauseFunc) *flight {
@@ -273,7 +274,7 @@ func (r *Reader) Next(ctx context.Context) ([]byte, error) {
 			}
 			r.gen, r.idx = f.gen, 0
 		}
-		if f.landed != 0 && f.ended && !r.delivered && f.joinedAfterAnswer(r.joined) {
+		if (f.landed != 0 || !f.landedAt.IsZero()) && f.ended && !r.delivered && f.joinedAfterAnswer(r.joined) {
 			f.mu.Unlock()
 			if err := r.rejoin(); err != nil {
 				return nil, err

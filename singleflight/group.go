@@ -217,6 +217,7 @@ type hooks struct {
 	beforeClaim  func()                    // a contender is about to run claim.lua
 	aliveHeard   func()                    // the hub heard an alive message
 	resumed      func()                    // a parked follower was woken
+	completed    func()                    // an owner's final write landed, before its flight ends here
 }
 
 type storedResult struct {

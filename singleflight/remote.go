@@ -114,8 +114,8 @@ type decision struct {
 	body      []byte // hit
 	age       time.Duration
 	ttl       time.Duration // hit: its whole time to live, age included (0: unknown)
-	// follow: Redis's clock (µs) when the script ran, and when its command was sent; hit:
-	// when the stored answer's complete ran (see answered.go)
+	// owner and follow: Redis's clock (µs) when the script ran, and when its command was
+	// sent; hit: when the stored answer's complete ran (see answered.go)
 	us     int64
 	sent   time.Time
 	landed int64
@@ -155,7 +155,7 @@ func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptio
 	case "claim":
 		d.token, d.attempt, d.reason, d.gen = str(v, 1), int(num(v, 2)), str(v, 3), str(v, 4)
 	case "owner":
-		d.token, d.attempt, d.gen, d.until = candidate, int(num(v, 1)), str(v, 2), num(v, 3)
+		d.token, d.attempt, d.gen, d.until, d.us = candidate, int(num(v, 1)), str(v, 2), num(v, 3), num(v, 4)
 	default:
 		err = fmt.Errorf("singleflight: lookup: unexpected answer %q", d.kind)
 	}
@@ -205,7 +205,7 @@ func (r *remote) claim(ctx context.Context, key, token string, seen decision, fr
 	d := decision{kind: str(v, 0), sent: sent}
 	switch d.kind {
 	case "owner":
-		d.token, d.attempt, d.gen, d.until = token, int(num(v, 1)), str(v, 2), num(v, 3)
+		d.token, d.attempt, d.gen, d.until, d.us = token, int(num(v, 1)), str(v, 2), num(v, 3), num(v, 4)
 	case "follow":
 		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
 		d.batches = -1 // not known: the follower reads the stream at once

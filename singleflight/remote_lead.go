@@ -697,7 +697,7 @@ func (r *remote) apply(f *flight, pos *position, m redis.XMessage) (followEnd, b
 		if head == nil {
 			head = &Head{Status: 200}
 		}
-		landed, _ := strconv.ParseInt(val(m, "a"), 10, 64)
+		landed, _ := strconv.ParseInt(val(m, "landed"), 10, 64)
 		f.fence(landed)
 		f.finish(*head, data)
 		return followEnd{kind: followDone}, true

@@ -5,7 +5,7 @@
 -- ARGV[7] fresh ("1": a new caller, may restart the attempt count of a flight that gave up)
 -- ARGV[8] seen_state (R, F, D; '' = absent)  ARGV[9] linger_ms
 -- ARGV[10] route  ARGV[11] model   (shown by the flights listing)
--- returns {"owner", attempt, gen_id, lease_until}
+-- returns {"owner", attempt, gen_id, lease_until, now_us}
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt, now_us}   (now_us: as lookup's)
 --      or {"changed"}     the meta moved on since the claimer looked: look again
 --      or {"exhausted"}   no attempt left for this flight
@@ -16,7 +16,7 @@ local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until', 'attempt', 'gen')
 if m[2] == ARGV[1] then
-  return {'owner', tonumber(m[4]), m[5], tonumber(m[3])}
+  return {'owner', tonumber(m[4]), m[5], tonumber(m[3]), now_us}
 end
 if m[1] == 'R' and tonumber(m[3]) > now then
   return {'follow', m[2], tonumber(m[3]) - now, m[5], tonumber(m[4]), now_us}
@@ -47,4 +47,4 @@ redis.call('HSET', KEYS[1], 'state', 'R', 'token', ARGV[1], 'owner', ARGV[3],
   'route', ARGV[10] or '', 'model', ARGV[11] or '')
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
-return {'owner', attempt, gen, now + tonumber(ARGV[4])}
+return {'owner', attempt, gen, now + tonumber(ARGV[4]), now_us}

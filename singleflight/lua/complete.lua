@@ -7,14 +7,15 @@
 -- ARGV[4] status  ARGV[5] header (JSON)  ARGV[6] data (not yet streamed)
 -- ARGV[7] transcript (the whole body)  ARGV[8] store ("1")  ARGV[9] result_ttl_ms
 -- ARGV[10] linger_ms
--- returns 1 completed (or already completed by me: safe to run twice), 0 fenced
+-- returns landed, the time this write ran (µs, digits), when completed (or already completed
+--         by me: safe to run twice), 0 fenced
 -- then the six ARGV of restore.lua, which runs first if the meta is gone
-local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n')
+local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n', 'landed')
 if m[2] ~= ARGV[1] then
   return 0
 end
 if m[1] == 'D' then
-  return 1
+  return m[4] or '1'
 end
 if m[1] ~= 'R' then
   return 0
@@ -24,25 +25,25 @@ local data = ARGV[6]
 if tonumber(ARGV[2]) > 0 and n >= tonumber(ARGV[2]) then
   data = string.sub(data, tonumber(ARGV[3]) + 1)
 end
--- a: when this write ran, in µs: no client had the answer before it. A follower's caller
--- that may have joined its local flight after it is not given the answer (answered.go).
+-- landed: when this write ran, in µs: no client had the answer before it. A caller that may
+-- have joined a local flight after it is not given the answer (answered.go).
 -- (Written as digits: tostring of a Lua number past 14 digits gives an exponent.)
 local t = redis.call('TIME')
 local landed = t[1] .. string.format('%06d', tonumber(t[2]))
-local id = xadd(KEYS[2], {'t', 'done', 'tok', ARGV[1], 'n', n + 1, 's', ARGV[4], 'h', ARGV[5], 'd', data, 'a', landed})
+local id = xadd(KEYS[2], {'t', 'done', 'tok', ARGV[1], 'n', n + 1, 's', ARGV[4], 'h', ARGV[5], 'd', data, 'landed', landed})
 if ARGV[8] == '1' then
   -- The entry's ID is this server's time in ms (or the stream's last, if the clock went
   -- back): the answer's time. The six fields are all a result ever holds, so writing them
-  -- replaces one stored before; a goes with it, for a follower that ends from it.
+  -- replaces one stored before; landed goes with it, for a follower that ends from it.
   local at = string.match(id, '^%d+')
   redis.call('HSET', KEYS[3], 'status', ARGV[4], 'header', ARGV[5], 'body', ARGV[7], 'at', at, 'token', ARGV[1],
-    'a', landed)
+    'landed', landed)
   redis.call('PEXPIRE', KEYS[3], ARGV[9])
 end
-redis.call('HSET', KEYS[1], 'state', 'D', 'lease_until', 0, 'n', n + 1)
+redis.call('HSET', KEYS[1], 'state', 'D', 'lease_until', 0, 'n', n + 1, 'landed', landed)
 -- The finished meta outlives any lease still running (restore.lua's rule: within its
 -- lease, no other owner can have finished a flight whose meta is gone).
 local keep = math.max(tonumber(ARGV[10]), tonumber(ARGV[#ARGV - 1]))
 redis.call('PEXPIRE', KEYS[1], keep)
 redis.call('PEXPIRE', KEYS[2], keep)
-return 1
+return landed

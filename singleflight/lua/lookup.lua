@@ -9,7 +9,7 @@
 -- ARGV[8] route  ARGV[9] model   (shown by the flights listing; written when claiming)
 -- returns {"hit", status, header, body, age_ms, token, ttl_left_ms, landed_us}   token: of the attempt
 --          that stored it; landed_us: when its complete ran
---      or {"owner", attempt, gen_id, lease_until}            claimed with the candidate
+--      or {"owner", attempt, gen_id, lease_until, now_us}    claimed with the candidate
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt, batches, now_us}   batches: appended so far
 --      (now_us and landed_us: this server's time in µs, for the fence of answered.go)
 --      or {"claim", seen_token, attempt, reason, gen_id}     reason: absent | expired | failed | done
@@ -19,7 +19,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 if ARGV[1] ~= '1' then
-  local r = redis.call('HMGET', KEYS[2], 'status', 'header', 'body', 'at', 'token', 'a')
+  local r = redis.call('HMGET', KEYS[2], 'status', 'header', 'body', 'at', 'token', 'landed')
   local max_age = tonumber(ARGV[7]) or 0
   -- An answer stored by a server whose clock was ahead of this one (a failover, a clock
   -- stepped back) is as new as can be, not younger than that.
@@ -32,7 +32,7 @@ end
 local m = redis.call('HMGET', KEYS[1], 'state', 'token', 'lease_until', 'attempt', 'gen', 'n')
 local cand = ARGV[2]
 if cand ~= '' and m[2] == cand then
-  return {'owner', tonumber(m[4]), m[5], tonumber(m[3])}
+  return {'owner', tonumber(m[4]), m[5], tonumber(m[3]), now_us}
 end
 if cand ~= '' and (not m[1] or m[1] == 'D') then
   local gen = xadd(KEYS[3], {'t', 'gen', 'tok', cand, 'a', 1})
@@ -44,7 +44,7 @@ if cand ~= '' and (not m[1] or m[1] == 'D') then
     'route', ARGV[8] or '', 'model', ARGV[9] or '')
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   redis.call('PEXPIRE', KEYS[3], ARGV[5])
-  return {'owner', 1, gen, now + tonumber(ARGV[4])}
+  return {'owner', 1, gen, now + tonumber(ARGV[4]), now_us}
 end
 if not m[1] then
   return {'claim', '', 0, 'absent', ''}
