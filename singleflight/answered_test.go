@@ -132,6 +132,36 @@ func (c afterAnswerCase) check(t *testing.T, who string, out outcome, n *numbere
 	}
 }
 
+// heldScene is a flight owned on one instance and followed on another, ended: the owner's
+// client has the answer, the follower is held before it reads it, and a late caller has
+// joined the follower's flight.
+type heldScene struct {
+	other             *heldFollower
+	n                 *numbered
+	early             *Reader
+	earlyOut, lateOut <-chan outcome
+}
+
+func heldAfterAnswer(t *testing.T, srv *redistest.Server, o Options, noCache, lateNoCache bool) *heldScene {
+	t.Helper()
+	a := backend{name: "redis", redis: srv}.group(t, o)
+	sc := &heldScene{other: newHeldFollower(t, srv, o), n: newNumbered()}
+	key := uniqueKey()
+	ra, _ := a.Do(key, false, sc.n.fn)
+	waitCond(t, 10*time.Second, "the owner running", func() bool { return sc.n.calls.Load() == 1 })
+	sc.early, sc.earlyOut = sc.other.follow(t, key, noCache, sc.n.fn)
+	close(sc.n.gate)
+	if out := readAll(context.Background(), ra); out.body != "answer-1" || out.role != RoleOwner {
+		t.Fatalf("owner got (%q, %v, %v); want answer-1", out.body, out.role, out.err)
+	}
+	late, _ := sc.other.g.DoWith(key, CallOptions{NoCache: lateNoCache}, sc.n.fn)
+	if late.f != sc.early.f {
+		t.Fatal("the late request did not join the following flight: it read the answer already")
+	}
+	sc.lateOut = readIn(late)
+	return sc
+}
+
 // A request that joins, after the owner's client had the answer, a local flight of another
 // instance that was following the owner since before and has not read the answer yet: the
 // flight's first caller gets the answer it waited for; the late one is served as if it had
@@ -140,29 +170,12 @@ func TestLateJoinerOfFollowingFlight(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, c := range afterAnswerCases {
 		t.Run(c.name, func(t *testing.T) {
-			o := Options{ResultTTL: c.ttl}
-			a := backend{name: "redis", redis: srv}.group(t, o)
-			other := newHeldFollower(t, srv, o)
-			key := uniqueKey()
-			n := newNumbered()
-			ra, _ := a.Do(key, false, n.fn)
-			waitCond(t, 10*time.Second, "the owner running", func() bool { return n.calls.Load() == 1 })
-			early, earlyOut := other.follow(t, key, c.noCache, n.fn)
-			close(n.gate)
-			if out := readAll(context.Background(), ra); out.body != "answer-1" || out.role != RoleOwner {
-				t.Fatalf("owner got (%q, %v, %v); want answer-1", out.body, out.role, out.err)
-			}
-
-			late, _ := other.g.DoWith(key, CallOptions{NoCache: c.noCache}, n.fn)
-			if late.f != early.f {
-				t.Fatal("the late request did not join the following flight: it read the answer already")
-			}
-			lateOut := readIn(late)
-			other.release()
-			if out := <-earlyOut; out.err != nil || out.body != "answer-1" || out.role != RoleFollower {
+			sc := heldAfterAnswer(t, srv, Options{ResultTTL: c.ttl}, c.noCache, c.noCache)
+			sc.other.release()
+			if out := <-sc.earlyOut; out.err != nil || out.body != "answer-1" || out.role != RoleFollower {
 				t.Errorf("the request that waited for the answer got (%q, %v, %v); want answer-1 as follower", out.body, out.role, out.err)
 			}
-			c.check(t, "the request that joined after the answer", <-lateOut, n)
+			c.check(t, "the request that joined after the answer", <-sc.lateOut, sc.n)
 		})
 	}
 }
@@ -173,36 +186,20 @@ func TestLateJoinerOfFollowingFlight(t *testing.T) {
 // ends it; the caller that joined after the owner's client had the answer asked for no
 // stored answer, and gets a call of its own.
 func TestFollowerEndingFromStoredAnswerIsFenced(t *testing.T) {
-	srv := redistest.Start(t)
-	o := Options{ResultTTL: time.Minute}
-	a := backend{name: "redis", redis: srv}.group(t, o)
-	other := newHeldFollower(t, srv, o)
-	key := uniqueKey()
-	n := newNumbered()
-	ra, _ := a.Do(key, false, n.fn)
-	waitCond(t, 10*time.Second, "the owner running", func() bool { return n.calls.Load() == 1 })
-	early, earlyOut := other.follow(t, key, false, n.fn)
-	close(n.gate)
-	if out := readAll(context.Background(), ra); out.body != "answer-1" {
-		t.Fatalf("owner got (%q, %v, %v); want answer-1", out.body, out.role, out.err)
-	}
-	late, _ := other.g.DoWith(key, CallOptions{NoCache: true}, n.fn)
-	if late.f != early.f {
-		t.Fatal("the late request did not join the following flight: it read the answer already")
-	}
-	lateOut := readIn(late)
-	d, err := other.g.remote.lookup(key, false, "", CallOptions{})
+	sc := heldAfterAnswer(t, redistest.Start(t), Options{ResultTTL: time.Minute}, false, true)
+	r := sc.other.g.remote
+	d, err := r.lookup(sc.early.f.key, false, "", CallOptions{})
 	if err != nil || d.kind != "hit" || d.landed == 0 {
 		t.Fatalf("lookup after the answer: %+v, %v; want a hit with its fence", d, err)
 	}
-	other.g.remote.serveHit(early.f, d, &position{token: d.token})
-	if out := <-earlyOut; out.err != nil || out.body != "answer-1" {
+	r.serveHit(sc.early.f, d, &position{token: d.token})
+	if out := <-sc.earlyOut; out.err != nil || out.body != "answer-1" {
 		t.Errorf("the request that waited for the answer got (%q, %v, %v); want answer-1", out.body, out.role, out.err)
 	}
-	if out := <-lateOut; out.err != nil || out.body != "answer-2" {
+	if out := <-sc.lateOut; out.err != nil || out.body != "answer-2" {
 		t.Errorf("the no-cache request that joined after the answer got (%q, %v, %v); want answer-2", out.body, out.role, out.err)
 	}
-	other.release()
+	sc.other.release()
 }
 
 // A request that joins the owner's own flight after its final write landed and a client
