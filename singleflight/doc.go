@@ -29,8 +29,7 @@
 //
 // With the prefix P (default "ai:flight") and the key K:
 //
-//	P:meta:{K}    hash    state R|D|F, token, owner, lease_until, attempt, created, gen, n, route, model,
-//	                      landed (once done)
+//	P:meta:{K}    hash    state R|D|F, token, owner, lease_until, attempt, created, gen, n, route, model
 //	P:stream:{K}  stream  gen, chunk, done, failed entries, each with the writer's token
 //	                      (done also has landed: when it was written, µs; see answered.go)
 //	P:result:{K}  hash    status, header, body, at, token, landed   (only for a stored outcome)
@@ -107,8 +106,8 @@
 //     done; the result ResultTTL; owner-seq a week (tokens stay unique without it). A
 //     claim trims stream entries older than Linger (IDs are the server's milliseconds),
 //     never the generation that just ended: its followers may be between two reads.
-//   - Not after the answer: complete stamps the done entry, the stored answer and its reply
-//     with its own Redis time; a caller that may have joined a local flight after that
+//   - Not after the answer: complete stamps the done entry and the stored answer with its
+//     own Redis time (the owner goes by its own clock); a caller that may have joined a local flight after that
 //     (by an upper bound from the flight's lookups) does not take the answer and joins
 //     the key anew, so a request sent after a unary answer arrived never gets that answer
 //     as if in flight (answered.go).

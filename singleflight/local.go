@@ -15,8 +15,8 @@ func (localOwnership) appendBatch(context.Context, int, *Head, []byte) error    
 func (localOwnership) fail(context.Context, Result, string) error                { return nil }
 func (localOwnership) remote() bool                                              { return false }
 
-func (localOwnership) complete(context.Context, final) (int64, error) { return 0, nil }
-func (localOwnership) abandon()                                       {}
+func (localOwnership) complete(context.Context, final) error { return nil }
+func (localOwnership) abandon()                              {}
 
 // lead runs the flight f until it has an outcome for its readers.
 func (g *Group) lead(ctx context.Context, f *flight) {

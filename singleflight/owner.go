@@ -16,9 +16,8 @@ type ownership interface {
 	heartbeat(ctx context.Context, cancel context.CancelCauseFunc) (stop func())
 	// appendBatch adds batch number n (from 1) of streamed bytes; head rides on the first.
 	appendBatch(ctx context.Context, n int, head *Head, data []byte) error
-	// complete ends the flight with its answer; see final. It returns when the write ran
-	// by Redis's clock (µs; 0 if unknown).
-	complete(ctx context.Context, fin final) (landed int64, err error)
+	// complete ends the flight with its answer; see final.
+	complete(ctx context.Context, fin final) error
 	// fail ends this attempt; res is the failed answer, if there is one.
 	fail(ctx context.Context, res Result, reason string) error
 	// remote says whether there are followers elsewhere to renew and write for.
@@ -107,7 +106,7 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 		// The flight ends for its local readers once the final write is done, not before:
 		// a request sent after an answer arrived must never find that flight running.
 		sent := time.Now()
-		landed, cerr := o.complete(wctx, fin)
+		cerr := o.complete(wctx, fin)
 		if g.hooks.completed != nil {
 			g.hooks.completed()
 		}
@@ -122,7 +121,7 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 		}
 		// A caller that joined once the write was on its way may have been sent by a
 		// client answered elsewhere: it is not given the answer (answered.go).
-		if landed != 0 {
+		if cerr == nil && o.remote() {
 			f.fenceAt(sent)
 		}
 		f.finish(res.Head, res.Body)

@@ -101,18 +101,12 @@ func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, da
 	return o.fenced("append", v, err)
 }
 
-func (o *remoteOwnership) complete(ctx context.Context, fin final) (int64, error) {
+func (o *remoteOwnership) complete(ctx context.Context, fin final) error {
 	opts := o.r.g.opts
 	v, err := o.r.batch.run(completeScript, []string{o.k.meta, o.k.stream, o.k.result},
 		o.args(o.token, fin.landedN, fin.skip, fin.head.Status, encodeHeader(fin.head.Header), fin.tail, fin.transcript,
 			flag(fin.store), fin.ttl.Milliseconds(), opts.Linger.Milliseconds())...).Int64()
-	if err := o.fenced("complete", v, err); err != nil {
-		return 0, err
-	}
-	if v == 1 {
-		v = 0 // completed by me before, when the time was not kept
-	}
-	return v, nil
+	return o.fenced("complete", v, err)
 }
 
 func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) error {

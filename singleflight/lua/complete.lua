@@ -7,15 +7,14 @@
 -- ARGV[4] status  ARGV[5] header (JSON)  ARGV[6] data (not yet streamed)
 -- ARGV[7] transcript (the whole body)  ARGV[8] store ("1")  ARGV[9] result_ttl_ms
 -- ARGV[10] linger_ms
--- returns landed, the time this write ran (µs, digits), when completed (or already completed
---         by me: safe to run twice), 0 fenced
+-- returns 1 completed (or already completed by me: safe to run twice), 0 fenced
 -- then the six ARGV of restore.lua, which runs first if the meta is gone
-local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n', 'landed')
+local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n')
 if m[2] ~= ARGV[1] then
   return 0
 end
 if m[1] == 'D' then
-  return m[4] or '1'
+  return 1
 end
 if m[1] ~= 'R' then
   return 0
@@ -40,10 +39,10 @@ if ARGV[8] == '1' then
     'landed', landed)
   redis.call('PEXPIRE', KEYS[3], ARGV[9])
 end
-redis.call('HSET', KEYS[1], 'state', 'D', 'lease_until', 0, 'n', n + 1, 'landed', landed)
+redis.call('HSET', KEYS[1], 'state', 'D', 'lease_until', 0, 'n', n + 1)
 -- The finished meta outlives any lease still running (restore.lua's rule: within its
 -- lease, no other owner can have finished a flight whose meta is gone).
 local keep = math.max(tonumber(ARGV[10]), tonumber(ARGV[#ARGV - 1]))
 redis.call('PEXPIRE', KEYS[1], keep)
 redis.call('PEXPIRE', KEYS[2], keep)
-return landed
+return 1
