@@ -274,7 +274,7 @@ func (r *Reader) Next(ctx context.Context) ([]byte, error) {
 			}
 			r.gen, r.idx = f.gen, 0
 		}
-		if (f.landed != 0 || !f.landedAt.IsZero()) && f.ended && !r.delivered && f.joinedAfterAnswer(r.joined) {
+		if f.ended && !r.delivered && f.joinedAfterAnswer(r.joined) {
 			f.mu.Unlock()
 			if err := r.rejoin(); err != nil {
 				return nil, err
