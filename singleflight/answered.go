@@ -58,13 +58,12 @@ func (c clockRef) before(t time.Time) int64 {
 
 // sawRedis records a reading of Redis's clock by one of f's lookups: the first and the
 // latest are kept.
-func (f *flight) sawRedis(us int64, sent time.Time) {
-	if us <= 0 {
+func (f *flight) sawRedis(ref clockRef) {
+	if ref.us <= 0 {
 		return
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	ref := clockRef{us: us, sent: sent}
 	if f.clockFirst.us == 0 {
 		f.clockFirst = ref
 	}

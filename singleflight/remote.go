@@ -114,11 +114,8 @@ type decision struct {
 	body      []byte // hit
 	age       time.Duration
 	ttl       time.Duration // hit: its whole time to live, age included (0: unknown)
-	// owner and follow: Redis's clock (µs) when the script ran, and when its command was
-	// sent; hit: when the stored answer's complete ran (see answered.go)
-	us     int64
-	sent   time.Time
-	landed int64
+	clock     clockRef      // owner and follow: Redis's clock when the script ran (see answered.go)
+	landed    int64         // hit: when the stored answer's complete ran, Redis's clock in µs
 }
 
 // lookup asks what a caller of key should do; with a candidate token it may claim the
@@ -134,7 +131,7 @@ func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptio
 	if err != nil {
 		return decision{}, r.redisErr("lookup", key, err)
 	}
-	d := decision{kind: str(v, 0), sent: sent}
+	d := decision{kind: str(v, 0), clock: clockRef{sent: sent}}
 	switch d.kind {
 	case "hit":
 		d.head, err = decodeHead(str(v, 1), str(v, 2))
@@ -151,11 +148,11 @@ func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptio
 		if len(v) > 5 {
 			d.batches = int(num(v, 5))
 		}
-		d.us = num(v, 6)
+		d.clock.us = num(v, 6)
 	case "claim":
 		d.token, d.attempt, d.reason, d.gen = str(v, 1), int(num(v, 2)), str(v, 3), str(v, 4)
 	case "owner":
-		d.token, d.attempt, d.gen, d.until, d.us = candidate, int(num(v, 1)), str(v, 2), num(v, 3), num(v, 4)
+		d.token, d.attempt, d.gen, d.until, d.clock.us = candidate, int(num(v, 1)), str(v, 2), num(v, 3), num(v, 4)
 	default:
 		err = fmt.Errorf("singleflight: lookup: unexpected answer %q", d.kind)
 	}
@@ -202,14 +199,14 @@ func (r *remote) claim(ctx context.Context, key, token string, seen decision, fr
 	if err != nil {
 		return decision{}, r.redisErr("claim", key, err)
 	}
-	d := decision{kind: str(v, 0), sent: sent}
+	d := decision{kind: str(v, 0), clock: clockRef{sent: sent}}
 	switch d.kind {
 	case "owner":
-		d.token, d.attempt, d.gen, d.until, d.us = token, int(num(v, 1)), str(v, 2), num(v, 3), num(v, 4)
+		d.token, d.attempt, d.gen, d.until, d.clock.us = token, int(num(v, 1)), str(v, 2), num(v, 3), num(v, 4)
 	case "follow":
 		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
 		d.batches = -1 // not known: the follower reads the stream at once
-		d.us = num(v, 5)
+		d.clock.us = num(v, 5)
 	case "changed", "exhausted":
 	default:
 		err = fmt.Errorf("singleflight: claim: unexpected answer %q", d.kind)

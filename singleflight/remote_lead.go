@@ -123,7 +123,7 @@ func (l *leader) run() bool {
 			l.local = true
 			continue
 		}
-		f.sawRedis(d.us, d.sent)
+		f.sawRedis(d.clock)
 		var (
 			token string // of the attempt to own, from lookup or claim
 			c     decision
@@ -189,7 +189,7 @@ func (l *leader) run() bool {
 				l.local = true
 				continue
 			}
-			f.sawRedis(c.us, c.sent)
+			f.sawRedis(c.clock)
 			l.contended = false
 			switch c.kind {
 			case "follow":
@@ -593,7 +593,7 @@ func (r *remote) recheck(ctx context.Context, f *flight, pos *position, deadline
 	if lerr != nil {
 		return followEnd{kind: followRedisErr, err: lerr}, true
 	}
-	f.sawRedis(d.us, d.sent)
+	f.sawRedis(d.clock)
 	switch {
 	case d.kind == "follow" && d.token == pos.token:
 		*deadline, *recheck = time.Now().Add(d.remaining), 0
