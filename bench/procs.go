@@ -143,9 +143,8 @@ func buildBinaries(ctx context.Context, dir string) (proxyBin, fakeBin string, e
 	return proxyBin, fakeBin, nil
 }
 
-// startFake runs the fake upstream and returns its base URL.
-// startFake starts the fake upstream; with a certificate file, over HTTPS (see
-// e2e/fakeupstream), its certificate written there.
+// startFake runs the fake upstream and returns its base URL; with a certificate file, over
+// HTTPS (see e2e/fakeupstream), its certificate written there.
 func startFake(ps *procs, dir, bin string, certFile ...string) (*proc, string, error) {
 	args, scheme := []string{"-listen", "127.0.0.1:0"}, "http://"
 	if len(certFile) > 0 {
