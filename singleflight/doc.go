@@ -59,7 +59,8 @@
 //   - One clock: every lease decision is made in a script with Redis's TIME; lease_until is
 //     Redis time, and scripts answer the remaining milliseconds. TTLs are PEXPIRE with
 //     durations, never a proxy's timestamp. Go code measures with the monotonic clock.
-//     (Scripts need effect replication for TIME followed by writes; it is the default
+//     One bound departs from it, and decides no lease: a follower's fence adds a monotonic
+//     wait to a Redis time a lookup answered, with 0.1 % for drift (answered.go). (Scripts need effect replication for TIME followed by writes; it is the default
 //     since Redis 5, and the minimum server is 6.2.)
 //   - Lease, not lock: the owner renews lease_until every HeartbeatInterval (renew.lua).
 //     The meta lives LeaseTTL+Linger, so attempt survives an owner's death.
