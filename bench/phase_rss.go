@@ -35,6 +35,8 @@ type rssRow struct {
 	// Redis commands per second while the requests wait (every client of the server:
 	// the measured instance, and for remote calls the owner process renewing leases).
 	WaitCmds map[string]float64 `json:"redis_commands_per_second_while_waiting"`
+	// ReleaseCmds are the commands clients sent Redis from the release to the last answer.
+	ReleaseCmds map[string]int64 `json:"redis_commands_during_release,omitempty"`
 	// ReleaseSeconds is from the release of the held calls to the last answer.
 	ReleaseSeconds float64 `json:"seconds_from_release_to_last_answer"`
 	// OwnersDoneSeconds is, when another instance owns the calls, from the release to its
@@ -259,6 +261,9 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 		row.Note += " instance degraded to local-only dedupe"
 	}
 
+	if before, err = e.commandStats(ctx); err != nil {
+		return row, err
+	}
 	cpu := startCPU([]string{"this instance", "Redis", "load generator"}, []int{p.pid(), e.redis.pid(), 0})
 	released := time.Now()
 	if err := release(); err != nil {
@@ -267,6 +272,15 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 	wg.Wait()
 	row.ReleaseSeconds = time.Since(released).Seconds()
 	row.ReleaseCPU = stopCPU(cpu)
+	if after, err = e.commandStats(ctx); err != nil {
+		return row, err
+	}
+	row.ReleaseCmds = map[string]int64{}
+	for cmd, v := range after {
+		if d := v - before[cmd]; sentByClient(cmd) && d > 0 {
+			row.ReleaseCmds[cmd] = d
+		}
+	}
 	if owners != nil {
 		// How much of the release is the other instance's: its owners' final writes, which
 		// the owner process times from when it read the release. Its report is read only
@@ -313,6 +327,13 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 		row.Note = strings.TrimSpace(fmt.Sprintf("%s %d calls taken over by this instance: the owner process's leases ran out", row.Note, n))
 	}
 	row.Note = joinNote(row.Note, cpuNote(row.ReleaseCPU))
+	if len(row.ReleaseCmds) > 0 {
+		m := map[string]float64{}
+		for cmd, v := range row.ReleaseCmds {
+			m[cmd] = float64(v)
+		}
+		row.Note = joinNote(row.Note, "Redis commands sent during the release: "+perSecond(m))
+	}
 	_ = e.setFake(ctx, behavior{})
 	return row, nil
 }
@@ -391,6 +412,13 @@ func (e *env) rssDirect(ctx context.Context, row rssRow) (rssRow, error) {
 	row.ReleaseSeconds = time.Since(released).Seconds()
 	row.ReleaseCPU = stopCPU(cpu)
 	row.Note = joinNote(row.Note, cpuNote(row.ReleaseCPU))
+	if len(row.ReleaseCmds) > 0 {
+		m := map[string]float64{}
+		for cmd, v := range row.ReleaseCmds {
+			m[cmd] = float64(v)
+		}
+		row.Note = joinNote(row.Note, "Redis commands sent during the release: "+perSecond(m))
+	}
 	for _, r := range replies {
 		if r.ok() {
 			row.OK++

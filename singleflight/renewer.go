@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,8 +20,17 @@ import (
 // A renewal belongs to its attempt: it is registered when the owner function starts and
 // removed at the attempt's final write; it is skipped once the attempt's hard timeout ran
 // out, so a stuck owner function can never be kept alive by it.
+//
+// A lease whose final write is on its way is passed over by the next round: the write
+// ends it, and when ten thousand flights end at once (a herd answered together) their
+// ten thousand renewals would only queue in Redis behind the writes. The rounds after
+// renew it again, so a slow final write keeps its lease: the round before the write
+// renewed it for LeaseTTL, and the skip is made only when that covers two intervals more
+// (LeaseTTL ≥ 3 × HeartbeatInterval, as by default).
 type renewer struct {
 	r *remote
+
+	round atomic.Int64 // renewal rounds begun
 
 	mu      sync.Mutex
 	owned   map[*renewal]struct{}
@@ -78,10 +88,14 @@ func (rn *renewer) loop() {
 			return
 		case <-t.C:
 		}
+		round := rn.round.Add(1)
 		rn.mu.Lock()
 		batch := make([]*renewal, 0, len(rn.owned))
+		passed := false
 		for rl := range rn.owned {
 			switch {
+			case rl.ctx.Err() == nil && rl.o.passOver.Load() == round:
+				passed = true // its final write was sent since the last round began
 			case rl.ctx.Err() == nil:
 				batch = append(batch, rl)
 			case !rl.said:
@@ -95,8 +109,8 @@ func (rn *renewer) loop() {
 		rn.gone = nil
 		rn.mu.Unlock()
 		if len(batch) == 0 {
-			if gone != "" {
-				rn.renew(nil, gone) // nothing to renew; the word on the tokens gone
+			if gone != "" || passed {
+				rn.renew(nil, gone) // nothing to renew: the alive message alone
 			}
 			continue
 		}
@@ -121,6 +135,14 @@ func (rn *renewer) loop() {
 			})
 		}
 		wg.Wait()
+	}
+}
+
+// finalSent notes that o's final write is being sent: the next renewal round passes o over
+// when its lease outlasts two more intervals.
+func (rn *renewer) finalSent(o *remoteOwnership) {
+	if opts := rn.r.g.opts; opts.LeaseTTL >= 3*opts.HeartbeatInterval {
+		o.passOver.Store(rn.round.Load() + 1)
 	}
 }
 
