@@ -24,9 +24,9 @@ type remoteOwnership struct {
 	attempt int
 	until   atomic.Int64 // lease_until, Redis time in ms; 0: unknown
 	n       atomic.Int64 // batches appended
-	// passOver is the renewal round that does not renew this attempt: the one after its
-	// final write was sent (0: none).
-	passOver atomic.Int64
+	// finalQueued: the final write waits in the batcher; finalSent: it is on its way to
+	// Redis (see renewer).
+	finalQueued, finalSent atomic.Bool
 }
 
 func newRemoteOwnership(r *remote, key string, d decision) *remoteOwnership {
@@ -106,8 +106,8 @@ func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, da
 
 func (o *remoteOwnership) complete(ctx context.Context, fin final) error {
 	opts := o.r.g.opts
-	o.r.renewer.finalSent(o)
-	v, err := o.r.batch.run(completeScript, []string{o.k.meta, o.k.stream, o.k.result},
+	o.finalQueued.Store(true)
+	v, err := o.r.batch.runSent(&o.finalSent, completeScript, []string{o.k.meta, o.k.stream, o.k.result},
 		o.args(o.token, fin.landedN, fin.skip, fin.head.Status, encodeHeader(fin.head.Header), fin.tail, fin.transcript,
 			flag(fin.store), fin.ttl.Milliseconds(), opts.Linger.Milliseconds())...).Int64()
 	return o.fenced("complete", v, err)
@@ -118,7 +118,7 @@ func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) e
 	if res.Head.Status != 0 {
 		status = strconv.Itoa(res.Head.Status)
 	}
-	o.r.renewer.finalSent(o)
+	o.finalSent.Store(true)
 	v, err := failScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream},
 		o.args(o.token, status, encodeHeader(res.Head.Header), res.Body, reason, o.r.runningTTL())...).Int64()
 	return o.fenced("fail", v, err)

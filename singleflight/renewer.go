@@ -21,16 +21,16 @@ import (
 // removed at the attempt's final write; it is skipped once the attempt's hard timeout ran
 // out, so a stuck owner function can never be kept alive by it.
 //
-// A lease whose final write is on its way is passed over by the next round: the write
-// ends it, and when ten thousand flights end at once (a herd answered together) their
-// ten thousand renewals would only queue in Redis behind the writes. The rounds after
-// renew it again, so a slow final write keeps its lease: the round before the write
-// renewed it for LeaseTTL, and the skip is made only when that covers two intervals more
-// (LeaseTTL ≥ 3 × HeartbeatInterval, as by default).
+// A lease whose final write is on its way to Redis is no longer renewed: a renewal sent
+// after it reaches Redis behind it and finds the flight over (or, if the write fails, the
+// attempt is abandoned and its followers are told). One whose final write is still queued
+// in the batcher is renewed half an interval into the round, if it is queued still. When
+// ten thousand flights end at once, a round would otherwise put ten thousand renewals in
+// the Redis thread their final writes are waiting on.
 type renewer struct {
 	r *remote
 
-	round atomic.Int64 // renewal rounds begun
+	round atomic.Int64 // renewal rounds begun (tests name them)
 
 	mu      sync.Mutex
 	owned   map[*renewal]struct{}
@@ -88,62 +88,100 @@ func (rn *renewer) loop() {
 			return
 		case <-t.C:
 		}
-		round := rn.round.Add(1)
-		rn.mu.Lock()
-		batch := make([]*renewal, 0, len(rn.owned))
-		passed := false
-		for rl := range rn.owned {
-			switch {
-			case rl.ctx.Err() == nil && rl.o.passOver.Load() == round:
-				passed = true // its final write was sent since the last round began
-			case rl.ctx.Err() == nil:
-				batch = append(batch, rl)
-			case !rl.said:
-				// Past its hard timeout, an attempt is not renewed: its followers must
-				// not take the instance's alive messages for it.
-				rl.said = true
-				rn.gone = append(rn.gone, rl.o.token)
-			}
+		begun := time.Now()
+		rn.round.Add(1)
+		batch, later, gone, passed := rn.due(nil)
+		if len(batch) > 0 || gone != "" || passed || len(later) > 0 {
+			// The alive message goes every round, with the first pipeline or alone.
+			rn.send(batch, gone)
 		}
-		gone := strings.Join(rn.gone, " ")
-		rn.gone = nil
-		rn.mu.Unlock()
-		if len(batch) == 0 {
-			if gone != "" || passed {
-				rn.renew(nil, gone) // nothing to renew: the alive message alone
-			}
+		if len(later) == 0 {
 			continue
 		}
-		if g.hooks.beforeRenew != nil {
-			g.hooks.beforeRenew(g.ctx)
+		// Final writes queued in the batcher: most go out within moments of a herd's end.
+		// Half an interval on, those still queued are renewed; the lease they hold from
+		// the round before covers that with an interval and a half to spare.
+		wait := time.NewTimer(time.Until(begun.Add(g.opts.HeartbeatInterval / 2)))
+		select {
+		case <-g.ctx.Done():
+			wait.Stop()
+			return
+		case <-wait.C:
 		}
-		// In pipelines of renewChunk, renewChunks at a time: a slow reply delays (or
-		// fails) a few hundred renewals, not every lease this process holds, and ten
-		// thousand leases are renewed in a few round trips' time, not forty.
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, renewChunks)
-		for len(batch) > 0 {
-			n := min(len(batch), renewChunk)
-			chunk := batch[:n]
-			batch = batch[n:]
-			said := gone
-			gone = ""
-			sem <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-sem }()
-				rn.renew(chunk, said)
-			})
+		if batch, _, gone, _ = rn.due(later); len(batch) > 0 || gone != "" {
+			rn.send(batch, gone)
 		}
-		wg.Wait()
 	}
 }
 
-// finalSent notes that o's final write is being sent: the next renewal round passes o over
-// when its lease outlasts two more intervals.
-func (rn *renewer) finalSent(o *remoteOwnership) {
-	if opts := rn.r.g.opts; opts.LeaseTTL >= 3*opts.HeartbeatInterval {
-		o.passOver.Store(rn.round.Load() + 1)
+// due sorts the attempts of only (every one owned if nil) for a round: those to renew now,
+// those whose final write is queued (later: renewed half an interval on, if still queued),
+// and the tokens to say gone. passed: an attempt's final write is on its way to Redis, so it
+// is not renewed at all.
+func (rn *renewer) due(only []*renewal) (now, later []*renewal, gone string, passed bool) {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	consider := func(rl *renewal) {
+		switch {
+		case rl.ctx.Err() == nil && rl.o.finalSent.Load():
+			passed = true
+		case rl.ctx.Err() == nil && rl.o.finalQueued.Load() && only == nil:
+			later = append(later, rl)
+		case rl.ctx.Err() == nil:
+			now = append(now, rl)
+		case !rl.said:
+			// Past its hard timeout, an attempt is not renewed: its followers must not
+			// take the instance's alive messages for it.
+			rl.said = true
+			rn.gone = append(rn.gone, rl.o.token)
+		}
 	}
+	if only == nil {
+		now = make([]*renewal, 0, len(rn.owned))
+		for rl := range rn.owned {
+			consider(rl)
+		}
+	} else {
+		for _, rl := range only {
+			if _, ok := rn.owned[rl]; ok { // not ended since
+				consider(rl)
+			}
+		}
+	}
+	gone = strings.Join(rn.gone, " ")
+	rn.gone = nil
+	return now, later, gone, passed
+}
+
+// send renews batch and says gone on the alive channel (with nothing to renew, the alive
+// message alone).
+func (rn *renewer) send(batch []*renewal, gone string) {
+	g := rn.r.g
+	if len(batch) == 0 {
+		rn.renew(nil, gone)
+		return
+	}
+	if g.hooks.beforeRenew != nil {
+		g.hooks.beforeRenew(g.ctx)
+	}
+	// In pipelines of renewChunk, renewChunks at a time: a slow reply delays (or fails) a
+	// few hundred renewals, not every lease this process holds, and ten thousand leases are
+	// renewed in a few round trips' time, not forty.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, renewChunks)
+	for len(batch) > 0 {
+		n := min(len(batch), renewChunk)
+		chunk := batch[:n]
+		batch = batch[n:]
+		said := gone
+		gone = ""
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			rn.renew(chunk, said)
+		})
+	}
+	wg.Wait()
 }
 
 // renewChunk is the most renewals sent in one pipeline, and renewChunks the most

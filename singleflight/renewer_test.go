@@ -2,6 +2,7 @@ package singleflight
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -10,42 +11,40 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// finalWriteHook holds an owner's final write until release is closed, and reports each
-// renewal round sent meanwhile (a pipeline carrying the alive message): its number, and
-// whether it renewed the flight.
+// finalWriteHook holds every final write (complete) once it is sent, until release is
+// closed, saying whose it holds; and reports each renewal round sent meanwhile (a pipeline
+// carrying the alive message): its number, and the flights it renewed.
 type finalWriteHook struct {
 	rn      func() *renewer
-	meta    string
-	held    chan int64 // the round under way when the final write was held
+	held    chan string // the meta key of each final write held
 	release chan struct{}
 	rounds  chan roundSeen
-	once    sync.Once
 }
 
 type roundSeen struct {
 	n       int64
-	renewed bool
+	renewed []string // meta keys
 }
 
 func (h *finalWriteHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *finalWriteHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if a := cmd.Args(); len(a) > 2 && a[0] == "evalsha" && a[1] == completeScript.Hash() && a[3] == h.meta {
-			h.once.Do(func() {
-				h.held <- h.rn().round.Load()
-				<-h.release
-			})
+		if a := cmd.Args(); len(a) > 3 && a[0] == "evalsha" && a[1] == completeScript.Hash() {
+			h.held <- a[3].(string)
+			<-h.release
 		}
 		return next(ctx, cmd)
 	}
 }
 func (h *finalWriteHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		alive, renewed := false, false
+		alive, renewed := false, []string(nil)
 		for _, cmd := range cmds {
 			a := cmd.Args()
 			alive = alive || len(a) > 0 && a[0] == "publish"
-			renewed = renewed || len(a) > 3 && a[0] == "evalsha" && a[1] == renewScript.Hash() && a[3] == h.meta
+			if len(a) > 3 && a[0] == "evalsha" && a[1] == renewScript.Hash() {
+				renewed = append(renewed, a[3].(string))
+			}
 		}
 		if alive {
 			select {
@@ -57,84 +56,109 @@ func (h *finalWriteHook) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 	}
 }
 
-// A lease whose final write is on its way is not renewed by the next round, and is by the
-// rounds after it for as long as the write takes, so a slow final write never loses its
-// lease; with a lease shorter than three intervals, every round renews it.
-func TestRenewalPassesOverFinalWrite(t *testing.T) {
+// A lease whose final write is on its way to Redis is not renewed by any round that begins
+// after the write went out, however long the write takes; one whose final write is still
+// queued in the batcher (every pipeline out) is renewed once each round (half an interval
+// in). The alive message goes each round, and nobody takes a flight over meanwhile.
+func TestRenewalStopsOnceFinalWriteIsSent(t *testing.T) {
 	srv := redistest.Start(t)
-	const interval = 150 * time.Millisecond
-	for _, tc := range []struct {
-		name     string
-		lease    time.Duration
-		passOver bool
-	}{
-		{"lease of 6 intervals", 6 * interval, true},
-		{"lease of 2 intervals", 2 * interval, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			key := uniqueKey()
-			var a *Group
-			hook := &finalWriteHook{rn: func() *renewer { return a.remote.renewer }, meta: "ai:flight:meta:{" + key + "}",
-				held: make(chan int64, 1), release: make(chan struct{}), rounds: make(chan roundSeen, 100)}
-			client := srv.Client()
-			client.AddHook(hook)
-			o := Options{HeartbeatInterval: interval, LeaseTTL: tc.lease}
-			oa := o
-			oa.Redis = client
-			a = New(oa)
-			t.Cleanup(func() { a.Close(context.Background()) })
-			rec := newRecorder()
-			ob := o
-			ob.Observer = rec
-			b := backend{redis: srv}.group(t, ob)
+	const interval = 100 * time.Millisecond
+	const n = maxPipelines + 1 // the batcher sends maxPipelines at once: one stays queued
+	var a *Group
+	hook := &finalWriteHook{rn: func() *renewer { return a.remote.renewer },
+		held: make(chan string, n), release: make(chan struct{}), rounds: make(chan roundSeen, 100)}
+	client := srv.Client()
+	client.AddHook(hook)
+	// The lease (and so the final writes' deadline) is long next to the rounds the test
+	// watches while it holds the writes.
+	o := Options{HeartbeatInterval: interval, LeaseTTL: 5 * time.Second}
+	oa := o
+	oa.Redis = client
+	a = New(oa)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		a.Close(ctx)
+	})
+	// Each owner answers when told, so that the final writes go out one at a time: the
+	// first maxPipelines each alone (and held), the last queued behind them.
+	rps := make([]*reply, n)
+	for i := range rps {
+		rps[i] = newReply("answer")
+	}
+	unblock := sync.OnceFunc(func() { close(hook.release) })
+	t.Cleanup(func() { // before a is closed, whatever failed
+		unblock()
+		for _, rp := range rps {
+			select {
+			case <-rp.gate:
+			default:
+				rp.release()
+			}
+		}
+	})
+	rec := newRecorder()
+	ob := o
+	ob.Observer = rec
+	b := backend{redis: srv}.group(t, ob)
 
-			rp := newReply("answer")
-			ra, err := a.Do(key, false, rp.fn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			waitCond(t, 10*time.Second, "a owns the flight", func() bool { return a.Owned() == 1 })
-			waitB := doAll(t, b, key, 1, rp.fn)
-			rec.waitFor(t, EventRole, 1, 10*time.Second)
-			rp.release()
-			heldIn := <-hook.held
+	keys, owners := ownEach(t, a, n, func(i int) Func { return rps[i].fn })
+	followers := followEach(t, b, keys, rps[0].fn)
+	var held []string
+	for i := range maxPipelines {
+		rps[i].release()
+		select {
+		case m := <-hook.held:
+			held = append(held, m)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("final write %d was never sent", i)
+		}
+	}
+	rps[n-1].release()
+	waitCond(t, 10*time.Second, "the last final write queued", func() bool {
+		a.remote.batch.mu.Lock()
+		defer a.remote.batch.mu.Unlock()
+		return len(a.remote.batch.queue) == 1
+	})
+	heldIn := a.remote.renewer.round.Load()
+	queued := []string{"ai:flight:meta:{" + keys[n-1] + "}"}
 
-			// Rounds heldIn+1 .. heldIn+3 while the final write is held.
-			seen := map[int64]bool{}
-			for len(seen) < 3 {
-				select {
-				case r := <-hook.rounds:
-					if r.n > heldIn {
-						seen[r.n] = r.renewed
-					}
-				case <-time.After(10 * time.Second):
-					t.Fatalf("renewal rounds seen after the final write was held: %v", seen)
-				}
+	// Three rounds begun while maxPipelines final writes were out and one queued (each
+	// round is whole once the next has begun).
+	seen := map[int64][][]string{} // each round's pipelines
+	for len(seen) < 4 {
+		select {
+		case r := <-hook.rounds:
+			if r.n > heldIn {
+				seen[r.n] = append(seen[r.n], r.renewed)
 			}
-			close(hook.release)
-			if want := !tc.passOver; seen[heldIn+1] != want {
-				t.Errorf("round after the final write was sent renewed it: %v, want %v", seen[heldIn+1], want)
-			}
-			for n := heldIn + 2; n <= heldIn+3; n++ {
-				if !seen[n] {
-					t.Errorf("round %d (final write still held) did not renew the lease", n-heldIn)
-				}
-			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("renewal rounds seen after the final writes were sent: %v", seen)
+		}
+	}
+	unblock()
+	for r := heldIn + 1; r <= heldIn+3; r++ {
+		if renewed := slices.Concat(seen[r]...); !slices.Equal(renewed, queued) {
+			t.Errorf("round %d after the final writes went out renewed %q; want only the queued one's, %q", r-heldIn, renewed, queued)
+		}
+		if len(seen[r]) > 0 && len(seen[r][0]) > 0 {
+			t.Errorf("round %d renewed %q at once; a queued final write's lease waits half an interval", r-heldIn, seen[r][0])
+		}
+	}
 
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if out := readAll(ctx, ra); out.err != nil || out.body != "answer" {
-				t.Fatalf("owner's reader: %+v", out)
-			}
-			if out := waitB()[0]; out.err != nil || out.body != "answer" || out.role != RoleFollower {
-				t.Fatalf("follower: %+v", out)
-			}
-			if n := rp.calls.Load(); n != 1 {
-				t.Errorf("owner function ran %d times, want 1", n)
-			}
-			if n := rec.count(EventTakeover); n != 0 {
-				t.Errorf("%d takeovers while the final write was held", n)
-			}
-		})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, r := range append(owners, followers...) {
+		if out := readAll(ctx, r); out.err != nil || out.body != "answer" {
+			t.Fatalf("reader %d: %+v", i, out)
+		}
+	}
+	for i, rp := range rps {
+		if c := rp.calls.Load(); c != 1 {
+			t.Errorf("owner function %d ran %d times", i, c)
+		}
+	}
+	if c := rec.count(EventTakeover); c != 0 {
+		t.Errorf("%d takeovers while the final writes were out", c)
 	}
 }
