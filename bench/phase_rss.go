@@ -36,7 +36,7 @@ type rssRow struct {
 	// the measured instance, and for remote calls the owner process renewing leases).
 	WaitCmds map[string]float64 `json:"redis_commands_per_second_while_waiting"`
 	// ReleaseCmds are the commands clients sent Redis from the release to the last answer.
-	ReleaseCmds map[string]int64 `json:"redis_commands_during_release,omitempty"`
+	ReleaseCmds map[string]float64 `json:"redis_commands_during_release,omitempty"`
 	// ReleaseSeconds is from the release of the held calls to the last answer.
 	ReleaseSeconds float64 `json:"seconds_from_release_to_last_answer"`
 	// OwnersDoneSeconds is, when another instance owns the calls, from the release to its
@@ -275,10 +275,10 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 	if after, err = e.commandStats(ctx); err != nil {
 		return row, err
 	}
-	row.ReleaseCmds = map[string]int64{}
+	row.ReleaseCmds = map[string]float64{}
 	for cmd, v := range after {
 		if d := v - before[cmd]; sentByClient(cmd) && d > 0 {
-			row.ReleaseCmds[cmd] = d
+			row.ReleaseCmds[cmd] = float64(d)
 		}
 	}
 	if owners != nil {
@@ -328,11 +328,7 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 	}
 	row.Note = joinNote(row.Note, cpuNote(row.ReleaseCPU))
 	if len(row.ReleaseCmds) > 0 {
-		m := map[string]float64{}
-		for cmd, v := range row.ReleaseCmds {
-			m[cmd] = float64(v)
-		}
-		row.Note = joinNote(row.Note, "Redis commands sent during the release: "+perSecond(m))
+		row.Note = joinNote(row.Note, "Redis commands sent during the release: "+wholeCounts(row.ReleaseCmds))
 	}
 	_ = e.setFake(ctx, behavior{})
 	return row, nil
@@ -412,13 +408,6 @@ func (e *env) rssDirect(ctx context.Context, row rssRow) (rssRow, error) {
 	row.ReleaseSeconds = time.Since(released).Seconds()
 	row.ReleaseCPU = stopCPU(cpu)
 	row.Note = joinNote(row.Note, cpuNote(row.ReleaseCPU))
-	if len(row.ReleaseCmds) > 0 {
-		m := map[string]float64{}
-		for cmd, v := range row.ReleaseCmds {
-			m[cmd] = float64(v)
-		}
-		row.Note = joinNote(row.Note, "Redis commands sent during the release: "+perSecond(m))
-	}
 	for _, r := range replies {
 		if r.ok() {
 			row.OK++

@@ -320,7 +320,7 @@ func rssSection(b *strings.Builder, r *results) {
 	for _, row := range r.RSS {
 		gor, redisCol, cmds := "–", "–", "–"
 		if row.Case != rssDirect {
-			gor, redisCol, cmds = fmt.Sprintf("%.0f", row.Goroutines), fmt.Sprintf("%d (%d); %d", row.RedisClients, row.RedisBlocked, row.RedisConns), perSecond(row.WaitCmds)
+			gor, redisCol, cmds = fmt.Sprintf("%.0f", row.Goroutines), fmt.Sprintf("%d (%d); %d", row.RedisClients, row.RedisBlocked, row.RedisConns), wholeCounts(row.WaitCmds)
 			if row.Case == rssRemoteKeys {
 				redisCol += fmt.Sprintf("; %d", row.OwnerRedisConns)
 			}
@@ -366,8 +366,8 @@ func profileSection(b *strings.Builder, r *results) {
 
 func head(s []string, n int) []string { return s[:min(n, len(s))] }
 
-// perSecond formats per-second command counts, largest first.
-func perSecond(m map[string]float64) string {
+// wholeCounts formats command counts (or rates per second) as whole numbers, largest first.
+func wholeCounts(m map[string]float64) string {
 	if len(m) == 0 {
 		return "0"
 	}
