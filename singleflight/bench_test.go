@@ -238,3 +238,104 @@ func BenchmarkAfterQuiet(b *testing.B) {
 		_ = g.Close(ctx)
 	}
 }
+
+// BenchmarkCompleteScript is the Redis time of one final write (complete.lua, answer
+// stored, a subscriber on its channel), against the same commands sent plain in a
+// pipeline: what running them from Lua costs on top of the commands themselves. Flights
+// are claimed beforehand; the writes go in pipelines of 256, as the batcher sends a herd's.
+func BenchmarkCompleteScript(b *testing.B) {
+	body := []byte(`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"An answer of a sentence or two, as a short chat completion has."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":16,"total_tokens":28}}`)
+	header := `{"Content-Type":["application/json"]}`
+	for _, plain := range []bool{false, true} {
+		name := map[bool]string{false: "script", true: "plain-commands"}[plain]
+		b.Run(name, func(b *testing.B) {
+			srv := redistest.Start(b)
+			rdb := srv.Client()
+			ctx := context.Background()
+			g := New(Options{Redis: srv.Client(), ResultTTL: time.Minute})
+			defer g.Close(ctx)
+			for _, s := range []*redis.Script{lookupScript, completeScript} {
+				if err := s.Load(ctx, rdb).Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			keys := make([]flightKeys, b.N)
+			channels := make([]string, b.N)
+			p := rdb.Pipeline()
+			for i := range keys {
+				keys[i] = g.remote.keys(uniqueKey())
+				channels[i] = keys[i].stream
+				lookupScript.EvalSha(ctx, p, []string{keys[i].meta, keys[i].result, keys[i].stream},
+					"0", "tok"+strconv.Itoa(i), "bench", 3000, 60000, 5000, 0, "/v1/chat/completions", "m")
+				if p.Len() == 256 || i == len(keys)-1 {
+					if _, err := p.Exec(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			ps := rdb.Subscribe(ctx, channels...)
+			defer ps.Close()
+			go func() {
+				for range ps.Channel() {
+				}
+			}()
+			if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i, k := range keys {
+				tok := "tok" + strconv.Itoa(i)
+				if plain {
+					p.HMGet(ctx, k.meta, "state", "token", "n")
+					p.Time(ctx)
+					p.XAdd(ctx, &redis.XAddArgs{Stream: k.stream, Values: []any{"t", "done", "tok", tok, "n", 1, "s", 200, "h", header, "d", body, "landed", "1764590000000000"}})
+					p.Publish(ctx, k.stream, body)
+					p.HSet(ctx, k.result, "status", 200, "header", header, "body", body, "at", 1764590000000, "token", tok, "landed", "1764590000000000")
+					p.PExpire(ctx, k.result, time.Minute)
+					p.HSet(ctx, k.meta, "state", "D", "lease_until", 0, "n", 1)
+					p.PExpire(ctx, k.meta, 5*time.Second)
+					p.PExpire(ctx, k.stream, 5*time.Second)
+				} else {
+					completeScript.EvalSha(ctx, p, []string{k.meta, k.stream, k.result},
+						tok, 0, 0, 200, header, body, body, "1", 60000, 5000, "bench", 1, "", 0, 3000, 60000)
+				}
+				if (i+1)%256 == 0 || i == len(keys)-1 {
+					if _, err := p.Exec(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(commandTime(b, rdb).Nanoseconds())/1e3/float64(b.N), "redis-µs/op")
+		})
+	}
+}
+
+// commandTime is the time Redis spent on the commands clients sent since its statistics
+// were last reset: every commandstats line but the commands scripts ran (already in the
+// script's time) and INFO.
+func commandTime(b *testing.B, rdb redis.UniversalClient) time.Duration {
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	scripted := strings.Contains(info, "cmdstat_evalsha:")
+	var total time.Duration
+	for _, line := range strings.Split(info, "\n") {
+		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
+		name, found := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !found || name == "info" || name == "config|resetstat" || scripted && name != "evalsha" {
+			continue
+		}
+		for _, kv := range strings.Split(stats, ",") {
+			if v, ok := strings.CutPrefix(kv, "usec="); ok {
+				us, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					b.Fatalf("commandstats %q: %v", line, err)
+				}
+				total += time.Duration(us) * time.Microsecond
+			}
+		}
+	}
+	return total
+}
