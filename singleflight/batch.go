@@ -3,7 +3,6 @@ package singleflight
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -23,7 +22,6 @@ type batcher struct {
 }
 
 type batchCall struct {
-	sent   *atomic.Bool // set when the call goes out (nil: nobody asks)
 	script *redis.Script
 	keys   []string
 	args   []any
@@ -40,12 +38,7 @@ const (
 // call is bounded by the Group's write timeout rather than a caller's context: once queued,
 // it goes out whatever its caller does (as a final write must).
 func (b *batcher) run(script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	return b.runSent(nil, script, keys, args...)
-}
-
-// runSent is run, setting sent when the call leaves the queue for Redis.
-func (b *batcher) runSent(sent *atomic.Bool, script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	c := &batchCall{sent: sent, script: script, keys: keys, args: args, done: make(chan struct{})}
+	c := &batchCall{script: script, keys: keys, args: args, done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, c)
 	send := b.inflight < maxPipelines
@@ -88,11 +81,6 @@ func (b *batcher) send(batch []*batchCall) {
 	rdb := b.r.rdb
 	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout(b.r.g))
 	defer cancel()
-	for _, c := range batch {
-		if c.sent != nil {
-			c.sent.Store(true)
-		}
-	}
 	if len(batch) == 1 {
 		c := batch[0]
 		c.cmd = c.script.Run(ctx, rdb, c.keys, c.args...)

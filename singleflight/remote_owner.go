@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -24,14 +25,26 @@ type remoteOwnership struct {
 	attempt int
 	until   atomic.Int64 // lease_until, Redis time in ms; 0: unknown
 	n       atomic.Int64 // batches appended
-	// finalQueued: the final write waits in the batcher; finalSent: it is on its way to
-	// Redis (see renewer).
-	finalQueued, finalSent atomic.Bool
+	// leaseFrom: when the request that last gave this attempt its lease (the claim, a
+	// renewal) was sent, as mono; the lease runs at least LeaseTTL from then.
+	leaseFrom atomic.Int64
+	// finalPending: the final write (complete or fail) is being made (see renewer).
+	finalPending atomic.Bool
 }
+
+// monoStart anchors mono.
+var monoStart = time.Now()
+
+// mono is t on this process's monotonic clock, in ns: for lease arithmetic that a step of
+// the wall clock must not move.
+func mono(t time.Time) int64 { return int64(t.Sub(monoStart)) }
 
 func newRemoteOwnership(r *remote, key string, d decision) *remoteOwnership {
 	o := &remoteOwnership{r: r, key: key, k: r.keys(key), token: d.token, attempt: d.attempt}
 	o.until.Store(d.until)
+	if !d.clock.sent.IsZero() {
+		o.leaseFrom.Store(mono(d.clock.sent))
+	}
 	return o
 }
 
@@ -80,10 +93,12 @@ func (o *remoteOwnership) renewRun(ctx context.Context) *redis.Cmd {
 	return renewScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream}, o.renewArgs()...)
 }
 
-// renewed takes a renewal's answer: the new lease_until, or ErrLeaseLost.
-func (o *remoteOwnership) renewed(v int64, err error) error {
+// renewed takes the answer of a renewal sent at sent (mono): the new lease_until, or
+// ErrLeaseLost.
+func (o *remoteOwnership) renewed(sent int64, v int64, err error) error {
 	if err == nil && v > 0 {
 		o.until.Store(v)
+		o.leaseFrom.Store(sent)
 	}
 	return o.fenced("renew", v, err)
 }
@@ -106,8 +121,8 @@ func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, da
 
 func (o *remoteOwnership) complete(ctx context.Context, fin final) error {
 	opts := o.r.g.opts
-	o.finalQueued.Store(true)
-	v, err := o.r.batch.runSent(&o.finalSent, completeScript, []string{o.k.meta, o.k.stream, o.k.result},
+	o.finalPending.Store(true)
+	v, err := o.r.batch.run(completeScript, []string{o.k.meta, o.k.stream, o.k.result},
 		o.args(o.token, fin.landedN, fin.skip, fin.head.Status, encodeHeader(fin.head.Header), fin.tail, fin.transcript,
 			flag(fin.store), fin.ttl.Milliseconds(), opts.Linger.Milliseconds())...).Int64()
 	return o.fenced("complete", v, err)
@@ -118,7 +133,7 @@ func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) e
 	if res.Head.Status != 0 {
 		status = strconv.Itoa(res.Head.Status)
 	}
-	o.finalSent.Store(true)
+	o.finalPending.Store(true)
 	v, err := failScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream},
 		o.args(o.token, status, encodeHeader(res.Head.Header), res.Body, reason, o.r.runningTTL())...).Int64()
 	return o.fenced("fail", v, err)

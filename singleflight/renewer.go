@@ -21,12 +21,14 @@ import (
 // removed at the attempt's final write; it is skipped once the attempt's hard timeout ran
 // out, so a stuck owner function can never be kept alive by it.
 //
-// A lease whose final write is on its way to Redis is no longer renewed: a renewal sent
-// after it reaches Redis behind it and finds the flight over (or, if the write fails, the
-// attempt is abandoned and its followers are told). One whose final write is still queued
-// in the batcher is renewed half an interval into the round, if it is queued still. When
-// ten thousand flights end at once, a round would otherwise put ten thousand renewals in
-// the Redis thread their final writes are waiting on.
+// An attempt whose final write is being made is not renewed at the round's start: it is
+// renewed later, when an interval of its lease is left (at most an interval on), and only
+// if the write has not returned by then. When ten thousand flights end at once, their final
+// writes wait in the batcher for most of a second, and a round in that window would
+// otherwise queue ten thousand renewals, for flights about to end, in the Redis thread the
+// writes are waiting on. An interval of lease is what a renewal has left when the one
+// before it failed: the wait never takes a lease lower than that. A lease whose last renewal
+// failed, or a round running late, renews at once.
 type renewer struct {
 	r *remote
 
@@ -90,45 +92,65 @@ func (rn *renewer) loop() {
 		}
 		begun := time.Now()
 		rn.round.Add(1)
-		batch, later, gone, passed := rn.due(nil)
-		if len(batch) > 0 || gone != "" || passed || len(later) > 0 {
+		batch, later, by := rn.due(nil, begun)
+		rn.mu.Lock()
+		gone := strings.Join(rn.gone, " ")
+		rn.gone = nil
+		rn.mu.Unlock()
+		if len(batch) > 0 || gone != "" || len(later) > 0 {
 			// The alive message goes every round, with the first pipeline or alone.
-			rn.send(batch, gone)
+			rn.send(batch, true, gone)
 		}
-		if len(later) == 0 {
-			continue
-		}
-		// Final writes queued in the batcher: most go out within moments of a herd's end.
-		// Half an interval on, those still queued are renewed; the lease they hold from
-		// the round before covers that with an interval and a half to spare.
-		wait := time.NewTimer(time.Until(begun.Add(g.opts.HeartbeatInterval / 2)))
-		select {
-		case <-g.ctx.Done():
-			wait.Stop()
-			return
-		case <-wait.C:
-		}
-		if batch, _, gone, _ = rn.due(later); len(batch) > 0 || gone != "" {
-			rn.send(batch, gone)
+		if len(later) > 0 {
+			rn.renewLater(later, by)
 		}
 	}
 }
 
-// due sorts the attempts of only (every one owned if nil) for a round: those to renew now,
-// those whose final write is queued (later: renewed half an interval on, if still queued),
-// and the tokens to say gone. passed: an attempt's final write is on its way to Redis, so it
-// is not renewed at all.
-func (rn *renewer) due(only []*renewal) (now, later []*renewal, gone string, passed bool) {
+// renewLater renews, at by, the attempts of later still registered then: those whose final
+// write has not returned. It waits on a goroutine of its own, so that the rounds keep their
+// ticks.
+func (rn *renewer) renewLater(later []*renewal, by time.Time) {
+	g := rn.r.g
+	g.wg.Add(1) // the loop's own count keeps the WaitGroup above zero meanwhile
+	go func() {
+		defer g.wg.Done()
+		t := time.NewTimer(time.Until(by))
+		defer t.Stop()
+		select {
+		case <-g.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if batch, _, _ := rn.due(later, time.Time{}); len(batch) > 0 {
+			rn.send(batch, false, "")
+		}
+	}()
+}
+
+// due sorts for a round begun at now the attempts of only (every one registered if only is
+// nil): those to renew now, and those whose final write is being made, to renew at by if it
+// has not returned then (see renewer). An attempt past its hard timeout goes to rn.gone.
+func (rn *renewer) due(only []*renewal, now time.Time) (batch, later []*renewal, by time.Time) {
+	interval := rn.r.g.opts.HeartbeatInterval
+	// A renewal waits until an interval of its lease is left, as it can when the renewal
+	// before it failed; by then, or an interval on, a herd's final writes have landed.
+	deadline := func(o *remoteOwnership) time.Time {
+		return monoStart.Add(time.Duration(o.leaseFrom.Load()) + rn.r.g.opts.LeaseTTL - interval)
+	}
+	by = now.Add(interval)
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	consider := func(rl *renewal) {
 		switch {
-		case rl.ctx.Err() == nil && rl.o.finalSent.Load():
-			passed = true
-		case rl.ctx.Err() == nil && rl.o.finalQueued.Load() && only == nil:
+		case rl.ctx.Err() == nil && only == nil && rl.o.finalPending.Load() &&
+			rl.o.leaseFrom.Load() != 0 && deadline(rl.o).Sub(now) >= interval/4:
 			later = append(later, rl)
+			if d := deadline(rl.o); d.Before(by) {
+				by = d
+			}
 		case rl.ctx.Err() == nil:
-			now = append(now, rl)
+			batch = append(batch, rl)
 		case !rl.said:
 			// Past its hard timeout, an attempt is not renewed: its followers must not
 			// take the instance's alive messages for it.
@@ -137,28 +159,26 @@ func (rn *renewer) due(only []*renewal) (now, later []*renewal, gone string, pas
 		}
 	}
 	if only == nil {
-		now = make([]*renewal, 0, len(rn.owned))
+		batch = make([]*renewal, 0, len(rn.owned))
 		for rl := range rn.owned {
 			consider(rl)
 		}
 	} else {
 		for _, rl := range only {
-			if _, ok := rn.owned[rl]; ok { // not ended since
+			if _, ok := rn.owned[rl]; ok { // its final write has not returned
 				consider(rl)
 			}
 		}
 	}
-	gone = strings.Join(rn.gone, " ")
-	rn.gone = nil
-	return now, later, gone, passed
+	return batch, later, by
 }
 
-// send renews batch and says gone on the alive channel (with nothing to renew, the alive
-// message alone).
-func (rn *renewer) send(batch []*renewal, gone string) {
+// send renews batch, with the alive message saying gone when alive is set (with nothing to
+// renew, the alive message alone).
+func (rn *renewer) send(batch []*renewal, alive bool, gone string) {
 	g := rn.r.g
 	if len(batch) == 0 {
-		rn.renew(nil, gone)
+		rn.renew(nil, alive, gone)
 		return
 	}
 	if g.hooks.beforeRenew != nil {
@@ -178,7 +198,7 @@ func (rn *renewer) send(batch []*renewal, gone string) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			rn.renew(chunk, said)
+			rn.renew(chunk, alive, said)
 		})
 	}
 	wg.Wait()
@@ -208,13 +228,14 @@ func (rn *renewer) pipeline(ctx context.Context, batch []*renewal, alive bool, g
 	return cmds
 }
 
-// renew sends one batch of renewals, and the alive message with them.
-func (rn *renewer) renew(batch []*renewal, gone string) {
+// renew sends one batch of renewals, and with alive the alive message.
+func (rn *renewer) renew(batch []*renewal, alive bool, gone string) {
 	r := rn.r
 	g := r.g
 	ctx, cancel := context.WithTimeout(g.ctx, writeTimeout(g))
 	defer cancel()
-	cmds := rn.pipeline(ctx, batch, true, gone)
+	sent := mono(time.Now())
+	cmds := rn.pipeline(ctx, batch, alive, gone)
 	// A Redis that lost its scripts (a restart, a failover) answers NOSCRIPT to every
 	// EVALSHA: load the script once, then send those renewals again.
 	var again []int
@@ -241,7 +262,8 @@ func (rn *renewer) renew(batch []*renewal, gone string) {
 		}
 	}
 	for i, rl := range batch {
-		err := rl.o.renewed(cmds[i].Int64())
+		v, err := cmds[i].Int64()
+		err = rl.o.renewed(sent, v, err)
 		switch {
 		case errors.Is(err, ErrLeaseLost):
 			rl.cancel(ErrLeaseLost)

@@ -11,9 +11,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// finalWriteHook holds every final write (complete) once it is sent, until release is
-// closed, saying whose it holds; and reports each renewal round sent meanwhile (a pipeline
-// carrying the alive message): its number, and the flights it renewed.
+// finalWriteHook holds every final write (complete) until release is closed, saying whose
+// it holds, then sends it whatever its deadline; and reports each renewal pipeline (one
+// carrying the alive message): the round under way, and the flights it renewed.
 type finalWriteHook struct {
 	rn      func() *renewer
 	held    chan string // the meta key of each final write held
@@ -22,7 +22,8 @@ type finalWriteHook struct {
 }
 
 type roundSeen struct {
-	n       int64
+	n       int64    // the round under way
+	start   bool     // a round's start (it carries the alive message), or a renewal made later
 	renewed []string // meta keys
 }
 
@@ -32,23 +33,25 @@ func (h *finalWriteHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if a := cmd.Args(); len(a) > 3 && a[0] == "evalsha" && a[1] == completeScript.Hash() {
 			h.held <- a[3].(string)
 			<-h.release
+			return next(context.WithoutCancel(ctx), cmd)
 		}
 		return next(ctx, cmd)
 	}
 }
 func (h *finalWriteHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		alive, renewed := false, []string(nil)
+		seen := roundSeen{}
 		for _, cmd := range cmds {
 			a := cmd.Args()
-			alive = alive || len(a) > 0 && a[0] == "publish"
+			seen.start = seen.start || len(a) > 0 && a[0] == "publish"
 			if len(a) > 3 && a[0] == "evalsha" && a[1] == renewScript.Hash() {
-				renewed = append(renewed, a[3].(string))
+				seen.renewed = append(seen.renewed, a[3].(string))
 			}
 		}
-		if alive {
+		if seen.start || len(seen.renewed) > 0 { // the renewer's: it exists
+			seen.n = h.rn().round.Load()
 			select {
-			case h.rounds <- roundSeen{h.rn().round.Load(), renewed}:
+			case h.rounds <- seen:
 			default:
 			}
 		}
@@ -56,22 +59,21 @@ func (h *finalWriteHook) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 	}
 }
 
-// A lease whose final write is on its way to Redis is not renewed by any round that begins
-// after the write went out, however long the write takes; one whose final write is still
-// queued in the batcher (every pipeline out) is renewed once each round (half an interval
-// in). The alive message goes each round, and nobody takes a flight over meanwhile.
-func TestRenewalStopsOnceFinalWriteIsSent(t *testing.T) {
+// While an owner's final write is being made (here held for longer than a lease), its lease
+// is renewed later than the round's start, when an interval of it is left; so a new caller
+// that comes after the lease would have run out follows the flight instead of taking it
+// over, and the upstream is called once.
+func TestRenewalWhileFinalWriteIsMade(t *testing.T) {
 	srv := redistest.Start(t)
-	const interval = 100 * time.Millisecond
-	const n = maxPipelines + 1 // the batcher sends maxPipelines at once: one stays queued
+	const interval = 50 * time.Millisecond
+	const lease = 10 * interval
+	key := uniqueKey()
+	meta := "ai:flight:meta:{" + key + "}"
 	var a *Group
-	hook := &finalWriteHook{rn: func() *renewer { return a.remote.renewer },
-		held: make(chan string, n), release: make(chan struct{}), rounds: make(chan roundSeen, 100)}
+	hook := &finalWriteHook{rn: func() *renewer { return a.remote.renewer }, held: make(chan string, 1), release: make(chan struct{}), rounds: make(chan roundSeen, 1000)}
 	client := srv.Client()
 	client.AddHook(hook)
-	// The lease (and so the final writes' deadline) is long next to the rounds the test
-	// watches while it holds the writes.
-	o := Options{HeartbeatInterval: interval, LeaseTTL: 5 * time.Second}
+	o := Options{HeartbeatInterval: interval, LeaseTTL: lease}
 	oa := o
 	oa.Redis = client
 	a = New(oa)
@@ -80,85 +82,67 @@ func TestRenewalStopsOnceFinalWriteIsSent(t *testing.T) {
 		defer cancel()
 		a.Close(ctx)
 	})
-	// Each owner answers when told, so that the final writes go out one at a time: the
-	// first maxPipelines each alone (and held), the last queued behind them.
-	rps := make([]*reply, n)
-	for i := range rps {
-		rps[i] = newReply("answer")
-	}
-	unblock := sync.OnceFunc(func() { close(hook.release) })
-	t.Cleanup(func() { // before a is closed, whatever failed
-		unblock()
-		for _, rp := range rps {
-			select {
-			case <-rp.gate:
-			default:
-				rp.release()
-			}
-		}
-	})
 	rec := newRecorder()
-	ob := o
-	ob.Observer = rec
-	b := backend{redis: srv}.group(t, ob)
+	oc := o
+	oc.Observer = rec
+	c := backend{redis: srv}.group(t, oc)
+	rp := newReply("answer")
+	answer := sync.OnceFunc(rp.release)
+	unblock := sync.OnceFunc(func() { close(hook.release) })
+	t.Cleanup(func() { unblock(); answer() }) // before a and c are closed, whatever failed
 
-	keys, owners := ownEach(t, a, n, func(i int) Func { return rps[i].fn })
-	followers := followEach(t, b, keys, rps[0].fn)
-	var held []string
-	for i := range maxPipelines {
-		rps[i].release()
-		select {
-		case m := <-hook.held:
-			held = append(held, m)
-		case <-time.After(10 * time.Second):
-			t.Fatalf("final write %d was never sent", i)
-		}
+	ra, err := a.Do(key, false, rp.fn)
+	if err != nil {
+		t.Fatal(err)
 	}
-	rps[n-1].release()
-	waitCond(t, 10*time.Second, "the last final write queued", func() bool {
-		a.remote.batch.mu.Lock()
-		defer a.remote.batch.mu.Unlock()
-		return len(a.remote.batch.queue) == 1
-	})
-	heldIn := a.remote.renewer.round.Load()
-	queued := []string{"ai:flight:meta:{" + keys[n-1] + "}"}
+	waitCond(t, 10*time.Second, "a owns the flight", func() bool { return a.Owned() == 1 })
+	answer()
+	select {
+	case <-hook.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the final write was never made")
+	}
 
-	// Three rounds begun while maxPipelines final writes were out and one queued (each
-	// round is whole once the next has begun).
-	seen := map[int64][][]string{} // each round's pipelines
-	for len(seen) < 4 {
+	heldIn := a.remote.renewer.round.Load() // a round begun before may still renew it
+
+	// Twelve renewals since the write was held: longer than a lease.
+	later, started := 0, 0
+	deadline := time.After(10 * time.Second)
+	for later < 12 {
 		select {
 		case r := <-hook.rounds:
-			if r.n > heldIn {
-				seen[r.n] = append(seen[r.n], r.renewed)
+			switch {
+			case r.n <= heldIn:
+			case r.start && slices.Contains(r.renewed, meta):
+				t.Fatalf("a round renewed at its start a lease whose final write is being made (%d rounds after the write)", started)
+			case r.start:
+				started++
+			case slices.Contains(r.renewed, meta):
+				later++
 			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("renewal rounds seen after the final writes were sent: %v", seen)
+		case <-deadline:
+			t.Fatalf("renewals of the lease after the final write was held: %d of 12 (%d rounds)", later, started)
 		}
 	}
+	rc, err := c.Do(key, false, rp.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.waitFor(t, EventRole, 1, 10*time.Second)
 	unblock()
-	for r := heldIn + 1; r <= heldIn+3; r++ {
-		if renewed := slices.Concat(seen[r]...); !slices.Equal(renewed, queued) {
-			t.Errorf("round %d after the final writes went out renewed %q; want only the queued one's, %q", r-heldIn, renewed, queued)
-		}
-		if len(seen[r]) > 0 && len(seen[r][0]) > 0 {
-			t.Errorf("round %d renewed %q at once; a queued final write's lease waits half an interval", r-heldIn, seen[r][0])
-		}
-	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for i, r := range append(owners, followers...) {
-		if out := readAll(ctx, r); out.err != nil || out.body != "answer" {
-			t.Fatalf("reader %d: %+v", i, out)
-		}
+	if out := readAll(ctx, ra); out.err != nil || out.body != "answer" {
+		t.Fatalf("owner's reader: %+v", out)
 	}
-	for i, rp := range rps {
-		if c := rp.calls.Load(); c != 1 {
-			t.Errorf("owner function %d ran %d times", i, c)
-		}
+	if out := readAll(ctx, rc); out.err != nil || out.body != "answer" || out.role != RoleFollower {
+		t.Fatalf("a caller that came after a lease: %+v; want the answer, as a follower", out)
 	}
-	if c := rec.count(EventTakeover); c != 0 {
-		t.Errorf("%d takeovers while the final writes were out", c)
+	if n := rp.calls.Load(); n != 1 {
+		t.Errorf("owner function ran %d times, want 1", n)
+	}
+	if n := rec.count(EventTakeover); n != 0 {
+		t.Errorf("%d takeovers while the final write was being made", n)
 	}
 }
