@@ -46,6 +46,8 @@ type renewal struct {
 	ctx    context.Context         // the attempt under its hard timeout
 	cancel context.CancelCauseFunc // owner suicide: ErrLeaseLost
 	said   bool                    // its end of renewals was said on the alive channel
+	// later: a renewLater goroutine will renew it (rounds leave it to that one); rn.mu.
+	later bool
 }
 
 func newRenewer(r *remote) *renewer { return &renewer{r: r, owned: map[*renewal]struct{}{}} }
@@ -97,33 +99,58 @@ func (rn *renewer) loop() {
 		gone := strings.Join(rn.gone, " ")
 		rn.gone = nil
 		rn.mu.Unlock()
+		if len(later) > 0 {
+			// Before this round's own renewals, which may be slow, go out.
+			rn.renewLater(later, by)
+		}
 		if len(batch) > 0 || gone != "" || len(later) > 0 {
 			// The alive message goes every round, with the first pipeline or alone.
 			rn.send(batch, true, gone)
 		}
-		if len(later) > 0 {
-			rn.renewLater(later, by)
-		}
 	}
 }
 
-// renewLater renews, at by, the attempts of later still registered then: those whose final
-// write has not returned. It waits on a goroutine of its own, so that the rounds keep their
-// ticks.
+// renewLater renews, at by, the attempts of later still registered then (those whose final
+// write has not returned), on a goroutine of its own so that the rounds keep their ticks. A
+// renewal that fails is tried once more a quarter of an interval on: the wait used up the
+// time a failed renewal would otherwise have had until the next round.
 func (rn *renewer) renewLater(later []*renewal, by time.Time) {
 	g := rn.r.g
 	g.wg.Add(1) // the loop's own count keeps the WaitGroup above zero meanwhile
 	go func() {
 		defer g.wg.Done()
-		t := time.NewTimer(time.Until(by))
-		defer t.Stop()
-		select {
-		case <-g.ctx.Done():
-			return
-		case <-t.C:
-		}
-		if batch, _, _ := rn.due(later, time.Time{}); len(batch) > 0 {
+		all := later
+		defer func() {
+			rn.mu.Lock()
+			for _, rl := range all {
+				rl.later = false
+			}
+			rn.mu.Unlock()
+		}()
+		for try := 0; try < 2; try++ {
+			t := time.NewTimer(time.Until(by))
+			select {
+			case <-g.ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			batch, _, _ := rn.due(later, time.Time{})
+			if len(batch) == 0 { // every write returned
+				return
+			}
+			sent := mono(time.Now())
 			rn.send(batch, false, "")
+			later = nil
+			for _, rl := range batch {
+				if rl.o.leaseFrom.Load() < sent && rl.ctx.Err() == nil {
+					later = append(later, rl) // not renewed (a fenced one has its context ended)
+				}
+			}
+			if len(later) == 0 {
+				return
+			}
+			by = time.Now().Add(g.opts.HeartbeatInterval / 4)
 		}
 	}()
 }
@@ -143,8 +170,11 @@ func (rn *renewer) due(only []*renewal, now time.Time) (batch, later []*renewal,
 	defer rn.mu.Unlock()
 	consider := func(rl *renewal) {
 		switch {
+		case rl.later && only == nil:
+			// A renewLater goroutine renews it.
 		case rl.ctx.Err() == nil && only == nil && rl.o.finalPending.Load() &&
 			rl.o.leaseFrom.Load() != 0 && deadline(rl.o).Sub(now) >= interval/4:
+			rl.later = true
 			later = append(later, rl)
 			if d := deadline(rl.o); d.Before(by) {
 				by = d

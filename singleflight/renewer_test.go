@@ -2,8 +2,10 @@ package singleflight
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,19 +14,27 @@ import (
 )
 
 // finalWriteHook holds every final write (complete) until release is closed, saying whose
-// it holds, then sends it whatever its deadline; and reports each renewal pipeline (one
-// carrying the alive message): the round under way, and the flights it renewed.
+// it holds, then sends it whatever its deadline; and reports each renewal pipeline: the
+// round under way, whether it is a round's start (it carries the alive message) or a
+// renewal made later, and the flights it renewed. Before a pipeline renews meta, it reads
+// Redis's lease and clock, and counts a lease that ran out; with failNext set, the next
+// later renewal of meta fails without reaching Redis.
 type finalWriteHook struct {
-	rn      func() *renewer
-	held    chan string // the meta key of each final write held
-	release chan struct{}
-	rounds  chan roundSeen
+	rn       func() *renewer
+	meta     string
+	check    redis.UniversalClient
+	held     chan string // the meta key of each final write held
+	release  chan struct{}
+	rounds   chan roundSeen
+	failNext atomic.Bool
+	lapsed   atomic.Int32
 }
 
 type roundSeen struct {
-	n       int64    // the round under way
-	start   bool     // a round's start (it carries the alive message), or a renewal made later
+	n       int64 // the round under way
+	start   bool
 	renewed []string // meta keys
+	failed  bool     // made to fail (failNext)
 }
 
 func (h *finalWriteHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -48,101 +58,140 @@ func (h *finalWriteHook) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 				seen.renewed = append(seen.renewed, a[3].(string))
 			}
 		}
-		if seen.start || len(seen.renewed) > 0 { // the renewer's: it exists
-			seen.n = h.rn().round.Load()
-			select {
-			case h.rounds <- seen:
-			default:
+		if !seen.start && len(seen.renewed) == 0 {
+			return next(ctx, cmds)
+		}
+		seen.n = h.rn().round.Load() // the renewer's pipeline: it exists
+		if slices.Contains(seen.renewed, h.meta) {
+			until, err := h.check.HGet(ctx, h.meta, "lease_until").Int64()
+			now, terr := h.check.Time(ctx).Result()
+			if err == nil && terr == nil && until <= now.UnixMilli() {
+				h.lapsed.Add(1)
 			}
+			if !seen.start && h.failNext.CompareAndSwap(true, false) {
+				seen.failed = true
+				h.rounds <- seen
+				err := errors.New("injected: the renewal did not reach Redis")
+				for _, cmd := range cmds {
+					cmd.SetErr(err)
+				}
+				return err
+			}
+		}
+		select {
+		case h.rounds <- seen:
+		default:
 		}
 		return next(ctx, cmds)
 	}
 }
 
 // While an owner's final write is being made (here held for longer than a lease), its lease
-// is renewed later than the round's start, when an interval of it is left; so a new caller
-// that comes after the lease would have run out follows the flight instead of taking it
-// over, and the upstream is called once.
+// is not renewed at a round's start but later, when an interval of it is left, and never runs
+// out: a later renewal that fails is tried again before the lease would. So a new caller that
+// comes after the lease would have run out follows the flight instead of taking it over, and
+// the upstream is called once.
 func TestRenewalWhileFinalWriteIsMade(t *testing.T) {
 	srv := redistest.Start(t)
-	const interval = 50 * time.Millisecond
-	const lease = 10 * interval
-	key := uniqueKey()
-	meta := "ai:flight:meta:{" + key + "}"
-	var a *Group
-	hook := &finalWriteHook{rn: func() *renewer { return a.remote.renewer }, held: make(chan string, 1), release: make(chan struct{}), rounds: make(chan roundSeen, 1000)}
-	client := srv.Client()
-	client.AddHook(hook)
-	o := Options{HeartbeatInterval: interval, LeaseTTL: lease}
-	oa := o
-	oa.Redis = client
-	a = New(oa)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		a.Close(ctx)
-	})
-	rec := newRecorder()
-	oc := o
-	oc.Observer = rec
-	c := backend{redis: srv}.group(t, oc)
-	rp := newReply("answer")
-	answer := sync.OnceFunc(rp.release)
-	unblock := sync.OnceFunc(func() { close(hook.release) })
-	t.Cleanup(func() { unblock(); answer() }) // before a and c are closed, whatever failed
+	for _, tc := range []struct {
+		name            string
+		interval, lease time.Duration
+		failOne         bool
+	}{
+		{"lease of ten intervals", 50 * time.Millisecond, 500 * time.Millisecond, false},
+		{"lease of three intervals", 100 * time.Millisecond, 300 * time.Millisecond, false},
+		{"lease of three intervals, a later renewal failing", 100 * time.Millisecond, 300 * time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := uniqueKey()
+			meta := "ai:flight:meta:{" + key + "}"
+			var a *Group
+			hook := &finalWriteHook{rn: func() *renewer { return a.remote.renewer }, meta: meta, check: srv.Client(),
+				held: make(chan string, 1), release: make(chan struct{}), rounds: make(chan roundSeen, 1000)}
+			client := srv.Client()
+			client.AddHook(hook)
+			o := Options{HeartbeatInterval: tc.interval, LeaseTTL: tc.lease}
+			oa := o
+			oa.Redis = client
+			a = New(oa)
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				a.Close(ctx)
+			})
+			rec := newRecorder()
+			oc := o
+			oc.Observer = rec
+			c := backend{redis: srv}.group(t, oc)
+			rp := newReply("answer")
+			answer := sync.OnceFunc(rp.release)
+			unblock := sync.OnceFunc(func() { close(hook.release) })
+			t.Cleanup(func() { unblock(); answer() }) // before a and c are closed, whatever failed
 
-	ra, err := a.Do(key, false, rp.fn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitCond(t, 10*time.Second, "a owns the flight", func() bool { return a.Owned() == 1 })
-	answer()
-	select {
-	case <-hook.held:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the final write was never made")
-	}
-
-	heldIn := a.remote.renewer.round.Load() // a round begun before may still renew it
-
-	// Twelve renewals since the write was held: longer than a lease.
-	later, started := 0, 0
-	deadline := time.After(10 * time.Second)
-	for later < 12 {
-		select {
-		case r := <-hook.rounds:
-			switch {
-			case r.n <= heldIn:
-			case r.start && slices.Contains(r.renewed, meta):
-				t.Fatalf("a round renewed at its start a lease whose final write is being made (%d rounds after the write)", started)
-			case r.start:
-				started++
-			case slices.Contains(r.renewed, meta):
-				later++
+			ra, err := a.Do(key, false, rp.fn)
+			if err != nil {
+				t.Fatal(err)
 			}
-		case <-deadline:
-			t.Fatalf("renewals of the lease after the final write was held: %d of 12 (%d rounds)", later, started)
-		}
-	}
-	rc, err := c.Do(key, false, rp.fn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec.waitFor(t, EventRole, 1, 10*time.Second)
-	unblock()
+			waitCond(t, 10*time.Second, "a owns the flight", func() bool { return a.Owned() == 1 })
+			answer()
+			select {
+			case <-hook.held:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the final write was never made")
+			}
+			heldIn := a.remote.renewer.round.Load() // a round begun before may still renew it
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if out := readAll(ctx, ra); out.err != nil || out.body != "answer" {
-		t.Fatalf("owner's reader: %+v", out)
-	}
-	if out := readAll(ctx, rc); out.err != nil || out.body != "answer" || out.role != RoleFollower {
-		t.Fatalf("a caller that came after a lease: %+v; want the answer, as a follower", out)
-	}
-	if n := rp.calls.Load(); n != 1 {
-		t.Errorf("owner function ran %d times, want 1", n)
-	}
-	if n := rec.count(EventTakeover); n != 0 {
-		t.Errorf("%d takeovers while the final write was being made", n)
+			// Six later renewals since the write was held: more than a lease.
+			later, started, failed := 0, 0, false
+			deadline := time.After(10 * time.Second)
+			for later < 6 {
+				select {
+				case r := <-hook.rounds:
+					switch {
+					case r.n <= heldIn:
+					case r.start && slices.Contains(r.renewed, meta):
+						t.Fatalf("a round renewed at its start a lease whose final write is being made (%d rounds after the write, a renewal made to fail: %v)", started, failed)
+					case r.start:
+						started++
+					case r.failed:
+						failed = true
+					case slices.Contains(r.renewed, meta):
+						later++
+						if later == 2 && tc.failOne {
+							hook.failNext.Store(true)
+						}
+					}
+				case <-deadline:
+					t.Fatalf("later renewals of the lease after the final write was held: %d of 6 (%d rounds)", later, started)
+				}
+			}
+			if tc.failOne && !failed {
+				t.Fatal("no renewal was made to fail")
+			}
+			rc, err := c.Do(key, false, rp.fn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec.waitFor(t, EventRole, 1, 10*time.Second)
+			unblock()
+
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if out := readAll(ctx, ra); out.err != nil || out.body != "answer" {
+				t.Fatalf("owner's reader: %+v", out)
+			}
+			if out := readAll(ctx, rc); out.err != nil || out.body != "answer" || out.role != RoleFollower {
+				t.Fatalf("a caller that came after a lease: %+v; want the answer, as a follower", out)
+			}
+			if n := hook.lapsed.Load(); n != 0 {
+				t.Errorf("the lease had run out before %d of its renewals", n)
+			}
+			if n := rp.calls.Load(); n != 1 {
+				t.Errorf("owner function ran %d times, want 1", n)
+			}
+			if n := rec.count(EventTakeover); n != 0 {
+				t.Errorf("%d takeovers while the final write was being made", n)
+			}
+		})
 	}
 }
