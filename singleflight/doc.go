@@ -37,7 +37,7 @@
 //	P:ns:NAME     string  generation of namespace NAME (see purge.go)
 //	P:invalidate  channel purges, for every instance's memory (see purge.go)
 //	P:stream:{K}  channel each entry added to the stream of the same name (see wake.go)
-//	P:alive:ID    channel instance ID renewed its leases (see renewer.go)
+//	P:alive:ID    channel instance ID began a round of renewals (see renewer.go)
 //
 // The {K} hash tag puts a flight's three keys in one Cluster slot, so one script touches them
 // atomically. owner-seq lives in another slot: an instance reserves its numbers in blocks
@@ -102,7 +102,8 @@
 //     the rest find a running owner and follow.
 //   - Waiting costs no command: followers are pushed stream entries over one pub/sub
 //     connection per process (wake.go), and every owned lease is renewed in one batch per
-//     HeartbeatInterval, followed by the owner's alive message (renewer.go).
+//     HeartbeatInterval, followed by the owner's alive message (renewer.go); a lease whose
+//     final write is being made is renewed later, when an interval of it is left.
 //   - Everything expires: meta and stream LeaseTTL+Linger while running and Linger once
 //     done; the result ResultTTL; owner-seq a week (tokens stay unique without it). A
 //     claim trims stream entries older than Linger (IDs are the server's milliseconds),
