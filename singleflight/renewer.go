@@ -94,11 +94,7 @@ func (rn *renewer) loop() {
 		}
 		begun := time.Now()
 		rn.round.Add(1)
-		batch, later, by := rn.due(nil, begun)
-		rn.mu.Lock()
-		gone := strings.Join(rn.gone, " ")
-		rn.gone = nil
-		rn.mu.Unlock()
+		batch, later, by, gone := rn.due(begun)
 		if len(later) > 0 {
 			// Before this round's own renewals, which may be slow, go out.
 			rn.renewLater(later, by)
@@ -135,7 +131,7 @@ func (rn *renewer) renewLater(later []*renewal, by time.Time) {
 				return
 			case <-t.C:
 			}
-			batch, _, _ := rn.due(later, time.Time{})
+			batch := rn.stillOwned(later)
 			if len(batch) == 0 { // every write returned
 				return
 			}
@@ -155,52 +151,68 @@ func (rn *renewer) renewLater(later []*renewal, by time.Time) {
 	}()
 }
 
-// due sorts for a round begun at now the attempts of only (every one registered if only is
-// nil): those to renew now, and those whose final write is being made, to renew at by if it
-// has not returned then (see renewer). An attempt past its hard timeout goes to rn.gone.
-func (rn *renewer) due(only []*renewal, now time.Time) (batch, later []*renewal, by time.Time) {
-	interval := rn.r.g.opts.HeartbeatInterval
-	// A renewal waits until an interval of its lease is left, as it can when the renewal
-	// before it failed; by then, or an interval on, a herd's final writes have landed.
-	deadline := func(o *remoteOwnership) time.Time {
-		return monoStart.Add(time.Duration(o.leaseFrom.Load()) + rn.r.g.opts.LeaseTTL - interval)
-	}
-	by = now.Add(interval)
+// due sorts the attempts registered for a round begun at now: those to renew now, and
+// those whose final write is being made, to renew at by if it has not returned then (see
+// renewer); gone are the tokens to say on the alive channel.
+func (rn *renewer) due(now time.Time) (batch, later []*renewal, by time.Time, gone string) {
+	opts := rn.r.g.opts
+	by = now.Add(opts.HeartbeatInterval)
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
-	consider := func(rl *renewal) {
-		switch {
-		case rl.later && only == nil:
-			// A renewLater goroutine renews it.
-		case rl.ctx.Err() == nil && only == nil && rl.o.finalPending.Load() &&
-			rl.o.leaseFrom.Load() != 0 && deadline(rl.o).Sub(now) >= interval/4:
-			rl.later = true
-			later = append(later, rl)
-			if d := deadline(rl.o); d.Before(by) {
-				by = d
-			}
-		case rl.ctx.Err() == nil:
-			batch = append(batch, rl)
-		case !rl.said:
-			// Past its hard timeout, an attempt is not renewed: its followers must not
-			// take the instance's alive messages for it.
-			rl.said = true
-			rn.gone = append(rn.gone, rl.o.token)
+	batch = make([]*renewal, 0, len(rn.owned))
+	for rl := range rn.owned {
+		if rl.later {
+			continue // a renewLater goroutine renews it
 		}
-	}
-	if only == nil {
-		batch = make([]*renewal, 0, len(rn.owned))
-		for rl := range rn.owned {
-			consider(rl)
+		if rn.expired(rl) {
+			continue
 		}
-	} else {
-		for _, rl := range only {
-			if _, ok := rn.owned[rl]; ok { // its final write has not returned
-				consider(rl)
+		// A renewal may wait until an interval of its lease is left, as it has when the
+		// renewal before it failed; by then, or an interval on, a herd's final writes have
+		// landed.
+		if from := rl.o.leaseFrom.Load(); rl.o.finalPending.Load() && from != 0 {
+			if d := monoStart.Add(time.Duration(from) + opts.LeaseTTL - opts.HeartbeatInterval); d.Sub(now) >= opts.HeartbeatInterval/4 {
+				rl.later = true
+				later = append(later, rl)
+				if d.Before(by) {
+					by = d
+				}
+				continue
 			}
 		}
+		batch = append(batch, rl)
 	}
-	return batch, later, by
+	gone = strings.Join(rn.gone, " ")
+	rn.gone = nil
+	return batch, later, by, gone
+}
+
+// stillOwned returns the attempts of rls still registered (their final write has not
+// returned) and within their hard timeout.
+func (rn *renewer) stillOwned(rls []*renewal) []*renewal {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	var out []*renewal
+	for _, rl := range rls {
+		if _, ok := rn.owned[rl]; ok && !rn.expired(rl) {
+			out = append(out, rl)
+		}
+	}
+	return out
+}
+
+// expired reports whether rl is past its hard timeout, and puts its token in rn.gone the
+// first time: such an attempt is not renewed, and its followers must not take the
+// instance's alive messages for it. rn.mu held.
+func (rn *renewer) expired(rl *renewal) bool {
+	if rl.ctx.Err() == nil {
+		return false
+	}
+	if !rl.said {
+		rl.said = true
+		rn.gone = append(rn.gone, rl.o.token)
+	}
+	return true
 }
 
 // send renews batch, with the alive message saying gone when alive is set (with nothing to
