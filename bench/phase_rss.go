@@ -240,12 +240,7 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 	if err != nil {
 		return row, err
 	}
-	row.WaitCmds = map[string]float64{}
-	for cmd, v := range after {
-		if d := float64(v-before[cmd]) / window.Seconds(); sentByClient(cmd) && d > 0 {
-			row.WaitCmds[cmd] = d
-		}
-	}
+	row.WaitCmds = sentBetween(before, after, window.Seconds())
 	if row.RSS, err = rssBytes(p.pid()); err != nil {
 		return row, err
 	}
@@ -275,12 +270,7 @@ func (e *env) rssCase(ctx context.Context, kind string, n int, fdLimit uint64) (
 	if after, err = e.commandStats(ctx); err != nil {
 		return row, err
 	}
-	row.ReleaseCmds = map[string]float64{}
-	for cmd, v := range after {
-		if d := v - before[cmd]; sentByClient(cmd) && d > 0 {
-			row.ReleaseCmds[cmd] = float64(d)
-		}
-	}
+	row.ReleaseCmds = sentBetween(before, after, 1)
 	if owners != nil {
 		// How much of the release is the other instance's: its owners' final writes, which
 		// the owner process times from when it read the release. Its report is read only
@@ -460,4 +450,16 @@ func countFDs(pid int) int {
 		return 0
 	}
 	return len(ents)
+}
+
+// sentBetween is, for each command clients sent, how many more calls after has than
+// before (commandStats), divided by per: counts, or with per in seconds, rates.
+func sentBetween(before, after map[string]int64, per float64) map[string]float64 {
+	out := map[string]float64{}
+	for cmd, v := range after {
+		if d := v - before[cmd]; sentByClient(cmd) && d > 0 {
+			out[cmd] = float64(d) / per
+		}
+	}
+	return out
 }
