@@ -38,12 +38,11 @@ if m[1] == 'R' or m[1] == 'F' then
   end
 end
 
-local gen = xadd(KEYS[2], {'t', 'gen', 'tok', ARGV[1], 'a', attempt})
 -- Older generations are over, but their followers may be between two reads: they stay
 -- for linger (stream IDs are this server's time); new readers start at gen.
-redis.call('XTRIM', KEYS[2], 'MINID', now - tonumber(ARGV[9]))
+local gen = xadd(KEYS[2], {'t', 'gen', 'tok', ARGV[1], 'a', attempt}, now - tonumber(ARGV[9]))
 redis.call('HSET', KEYS[1], 'state', 'R', 'token', ARGV[1], 'owner', ARGV[3],
-  'lease_until', now + tonumber(ARGV[4]), 'attempt', attempt, 'created', now, 'gen', gen, 'n', 0,
+  'lease_until', int(now + tonumber(ARGV[4])), 'attempt', int(attempt), 'created', int(now), 'gen', gen, 'n', '0',
   'route', ARGV[10] or '', 'model', ARGV[11] or '')
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])

@@ -39,10 +39,10 @@ if ARGV[8] == '1' then
     'landed', landed)
   redis.call('PEXPIRE', KEYS[3], ARGV[9])
 end
-redis.call('HSET', KEYS[1], 'state', 'D', 'lease_until', 0, 'n', n + 1)
+redis.call('HSET', KEYS[1], 'state', 'D', 'lease_until', '0', 'n', int(n + 1))
 -- The finished meta outlives any lease still running (restore.lua's rule: within its
 -- lease, no other owner can have finished a flight whose meta is gone).
-local keep = math.max(tonumber(ARGV[10]), tonumber(ARGV[#ARGV - 1]))
+local keep = int(math.max(tonumber(ARGV[10]), tonumber(ARGV[#ARGV - 1])))
 redis.call('PEXPIRE', KEYS[1], keep)
 redis.call('PEXPIRE', KEYS[2], keep)
 return 1

@@ -17,9 +17,9 @@ if m[1] ~= 'R' then
 end
 local n = (tonumber(m[3]) or 0) + 1
 xadd(KEYS[2], {'t', 'failed', 'tok', ARGV[1], 'n', n, 's', ARGV[2], 'h', ARGV[3], 'd', ARGV[4], 'r', ARGV[5]})
-redis.call('HSET', KEYS[1], 'state', 'F', 'lease_until', 0, 'n', n)
+redis.call('HSET', KEYS[1], 'state', 'F', 'lease_until', '0', 'n', int(n))
 if ARGV[5] == 'shutdown' then
-  redis.call('HSET', KEYS[1], 'attempt', math.max((tonumber(m[4]) or 1) - 1, 0))
+  redis.call('HSET', KEYS[1], 'attempt', int(math.max((tonumber(m[4]) or 1) - 1, 0)))
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
 redis.call('PEXPIRE', KEYS[2], ARGV[6])

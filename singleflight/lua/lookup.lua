@@ -35,12 +35,11 @@ if cand ~= '' and m[2] == cand then
   return {'owner', tonumber(m[4]), m[5], tonumber(m[3]), now_us}
 end
 if cand ~= '' and (not m[1] or m[1] == 'D') then
-  local gen = xadd(KEYS[3], {'t', 'gen', 'tok', cand, 'a', 1})
   -- The finished generation stays readable for linger: its followers may be between two
   -- reads. Only what is older than that goes (stream IDs are this server's time).
-  redis.call('XTRIM', KEYS[3], 'MINID', now - tonumber(ARGV[6]))
+  local gen = xadd(KEYS[3], {'t', 'gen', 'tok', cand, 'a', '1'}, now - tonumber(ARGV[6]))
   redis.call('HSET', KEYS[1], 'state', 'R', 'token', cand, 'owner', ARGV[3],
-    'lease_until', now + tonumber(ARGV[4]), 'attempt', 1, 'created', now, 'gen', gen, 'n', 0,
+    'lease_until', int(now + tonumber(ARGV[4])), 'attempt', '1', 'created', int(now), 'gen', gen, 'n', '0',
     'route', ARGV[8] or '', 'model', ARGV[9] or '')
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   redis.call('PEXPIRE', KEYS[3], ARGV[5])

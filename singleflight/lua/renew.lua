@@ -11,7 +11,7 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease_until = now + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'lease_until', lease_until)
+redis.call('HSET', KEYS[1], 'lease_until', int(lease_until))
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return lease_until

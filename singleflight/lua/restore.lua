@@ -18,7 +18,7 @@ local function restore(meta, stream, token)
   end
   local gen = xadd(stream, {'t', 'gen', 'tok', token, 'a', ARGV[r + 1]})
   redis.call('HSET', meta, 'state', 'R', 'token', token, 'owner', ARGV[r],
-    'lease_until', now + tonumber(ARGV[r + 4]), 'attempt', ARGV[r + 1], 'created', now,
+    'lease_until', int(now + tonumber(ARGV[r + 4])), 'attempt', ARGV[r + 1], 'created', int(now),
     'gen', gen, 'n', ARGV[r + 3])
   redis.call('PEXPIRE', meta, ARGV[r + 5])
   redis.call('PEXPIRE', stream, ARGV[r + 5])
