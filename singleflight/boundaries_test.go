@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -257,5 +259,73 @@ func TestOwnerRestoresLostFlight(t *testing.T) {
 	}
 	if n := calls.Load(); n != 1 {
 		t.Fatalf("%d upstream calls; want 1", n)
+	}
+}
+
+// A claim trims the generations that ended more than a linger ago, in the XADD of its own
+// gen entry, and keeps those that ended since (their followers may be between two reads):
+// a key asked for again and again keeps a stream of one or two generations, not of all.
+func TestClaimTrimsGenerationsPastLinger(t *testing.T) {
+	srv := redistest.Start(t)
+	o := Options{Linger: 150 * time.Millisecond, LeaseTTL: 3 * time.Second, HeartbeatInterval: time.Second, ResultTTL: time.Minute}
+	g := backend{redis: srv}.group(t, o)
+	key := uniqueKey()
+	stream := "ai:flight:stream:{" + key + "}"
+	ctx := context.Background()
+	rdb := srv.Client()
+	answer := func(body string) {
+		t.Helper()
+		r, err := g.Do(key, true, func(ctx context.Context, w *Writer) (Result, error) {
+			return Result{Head: Head{Status: 200}, Body: []byte(body)}, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := readWithin(r, 3*time.Second); got.err != nil || got.body != body || got.role != RoleOwner {
+			t.Fatalf("got (%q, %v, %v); want to own the call and answer %q", got.body, got.role, got.err, body)
+		}
+	}
+	tokens := func() map[string]int {
+		entries, err := rdb.XRange(ctx, stream, "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks := map[string]int{}
+		for _, e := range entries {
+			toks[e.Values["tok"].(string)]++
+		}
+		return toks
+	}
+	answer("one")
+	answer("two") // within the first's linger: it stays
+	if got := tokens(); len(got) != 2 {
+		t.Fatalf("stream holds the entries of %d generations (%v); want both, the first ended less than a linger ago", len(got), got)
+	}
+	// Stream IDs are Redis's milliseconds: wait until Redis's clock is a linger past the
+	// second generation's end.
+	last, err := rdb.XRevRangeN(ctx, stream, "+", "-", 1).Result()
+	if err != nil || len(last) != 1 {
+		t.Fatalf("XREVRANGE: %v %v", last, err)
+	}
+	ended, _ := strconv.ParseInt(strings.SplitN(last[0].ID, "-", 2)[0], 10, 64)
+	for {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now.UnixMilli() > ended+o.Linger.Milliseconds() {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	answer("three")
+	got := tokens()
+	if len(got) != 1 {
+		t.Fatalf("stream holds the entries of %d generations (%v); want only the last, the others ended more than a linger ago", len(got), got)
+	}
+	for tok, n := range got {
+		if n != 2 {
+			t.Fatalf("generation %s has %d entries; want its gen and done", tok, n)
+		}
 	}
 }
