@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/fakeupstream"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
@@ -219,6 +220,47 @@ func TestOutcomePolicy(t *testing.T) {
 			post(t, ins[0].URL, "/v1/chat/completions", body)
 			if up.Calls() != tc.wantCalls {
 				t.Fatalf("%d upstream calls; want %d", up.Calls(), tc.wantCalls)
+			}
+		})
+	}
+}
+
+// TestOwnersClientGetsItsFailureAtOnce: the client whose request made a call that failed
+// (a 500) gets that answer as soon as the call ends, while the call is tried again for the
+// requests waiting with it on the same instance; they get the retry's answer.
+func TestOwnersClientGetsItsFailureAtOnce(t *testing.T) {
+	for name, rs := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			up := startUpstream(t)
+			up.Set(fakeBehavior{Hold: true, Fail: []int{500}})
+			in := newInstance(t, up, setup{redis: rs, flight: singleflight.Options{ResultTTL: time.Minute}})
+			body := `{"model":"m","messages":[{"role":"user","content":"own failure, ` + name + `"}]}`
+			answers := make(chan answer, 3)
+			for range 3 {
+				go func() { answers <- post(t, in.URL, "/v1/chat/completions", body) }()
+			}
+			waitWaiting(t, []*instance{in}, 3)
+			waitRoles(t, []*instance{in}, 1)
+			up.ReleaseHeld() // the first call answers 500; the retry will be held
+			if _, ok := up.Wait(fakeupstream.Stats{Calls: 2}, 10*time.Second); !ok {
+				t.Fatalf("%d upstream calls; want the retry for the waiting requests", up.Calls())
+			}
+			select {
+			case a := <-answers:
+				if a.status != 500 || a.header.Get("X-Dedupe-Role") != "owner" || !strings.Contains(a.body, "of call 1") {
+					t.Fatalf("first answer: %d %q role %q; want the owner's own 500 from call 1", a.status, a.body, a.header.Get("X-Dedupe-Role"))
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the owner's client got nothing while the retry for the others is held")
+			}
+			up.Release()
+			for range 2 {
+				if a := <-answers; a.status != 200 || a.header.Get("X-Dedupe-Role") != "follower" {
+					t.Fatalf("waiter: %d %q role %q; want the retry's 200 as a follower", a.status, a.body, a.header.Get("X-Dedupe-Role"))
+				}
+			}
+			if n := up.Calls(); n != 2 {
+				t.Fatalf("%d upstream calls; want 2", n)
 			}
 		})
 	}

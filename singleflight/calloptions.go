@@ -19,7 +19,9 @@ type CallOptions struct {
 	// Inline is for a caller that reads the answer only once it is whole: if it starts the
 	// flight, DoWith leads it on the caller's goroutine, and returns once the flight has
 	// ended or waits on another instance's owner (then, as always, in Reader.Next), so
-	// that an owned flight costs no goroutine of its own. The owner function must not wait
+	// that an owned flight costs no goroutine of its own. When its call fails while others
+	// wait with it, DoWith returns with that answer, and the retries for the others go on
+	// on a goroutine of their own. The owner function must not wait
 	// for this caller to read (it has not started to).
 	Inline bool
 }

@@ -42,8 +42,9 @@ type flight struct {
 	chunks       [][]byte
 	ended        bool
 	endErr       error // with ended: the flight ended with this error instead of a response
-	// leaderFail is the failed response of an attempt run with the leader's own function;
-	// the leader's reader gets it as is (its own upstream answer), others wait for a retry.
+	// leaderFail is the failed response of the first attempt run here with the leader's own
+	// function: the leader's reader gets it as is (its own upstream answer), however late
+	// it reads, and others wait for a retry.
 	leaderFail *Result
 	attempts   int // owned attempts run here, for the flights listing
 	// What this flight's lookups read of Redis's clock, and when the answer it ended with
@@ -91,7 +92,7 @@ func (f *flight) resetGen(leaderFail *Result) {
 	f.gen++
 	f.owning = false
 	f.head, f.chunks = nil, nil
-	if leaderFail != nil {
+	if leaderFail != nil && f.leaderFail == nil {
 		f.leaderFail = leaderFail
 	}
 	f.broadcast()

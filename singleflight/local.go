@@ -40,7 +40,7 @@ func (g *Group) lead(ctx context.Context, f *flight) {
 	}
 	f.decide(RoleOwner)
 	g.observe(Event{Kind: EventRole, Key: f.key, Role: RoleOwner})
-	g.leadLocal(ctx, f, 1)
+	ended = g.leadLocal(ctx, f, 1)
 }
 
 // endLead ends the flight f: its last readers get an error if nothing served them.
@@ -58,24 +58,28 @@ func (g *Group) endLead(ctx context.Context, f *flight) {
 }
 
 // leadLocal owns f in this process alone, attempt after attempt: the in-memory mode, and
-// the fail-open mode of a Redis Group whose Redis does not answer.
-func (g *Group) leadLocal(ctx context.Context, f *flight, attempt int) {
-	for ; ; attempt++ {
-		end, res, _ := g.own(ctx, f, localOwnership{})
-		if end == attemptDone || ctx.Err() != nil {
-			return
-		}
-		if !g.retryAfterFailure(ctx, f, attempt, res) {
-			return
-		}
-		g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "failed"})
+// the fail-open mode of a Redis Group whose Redis does not answer. It reports false when
+// the attempts go on on another goroutine (retryElsewhere), which ends the flight.
+func (g *Group) leadLocal(ctx context.Context, f *flight, attempt int) bool {
+	end, res, _ := g.own(ctx, f, localOwnership{})
+	if end == attemptDone || ctx.Err() != nil || !g.retryDue(f, attempt, res) {
+		return true
 	}
+	retry := func() bool {
+		g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "failed"})
+		return g.leadLocal(ctx, f, attempt+1)
+	}
+	if f.call.Inline {
+		g.retryElsewhere(ctx, f, retry)
+		return false
+	}
+	return !g.jitter(ctx) || retry()
 }
 
-// retryAfterFailure decides, after a failed attempt, whether another one is due: only when
-// callers other than the leader still wait and attempts are left. It delivers the last
-// error when none are left, and waits the takeover jitter before a retry.
-func (g *Group) retryAfterFailure(ctx context.Context, f *flight, attempt int, last Result) bool {
+// retryDue decides, after a failed attempt, whether another one is due: only when callers
+// other than the leader still wait and attempts are left. It delivers the last error when
+// none are left. A retry waits the takeover jitter first.
+func (g *Group) retryDue(f *flight, attempt int, last Result) bool {
 	if g.endIfAlone(f) {
 		return false
 	}
@@ -83,7 +87,19 @@ func (g *Group) retryAfterFailure(ctx context.Context, f *flight, attempt int, l
 		g.deliverLastError(f, last)
 		return false
 	}
-	return g.jitter(ctx)
+	return true
+}
+
+// retryElsewhere goes on with a flight led on its caller's goroutine (CallOptions.Inline)
+// after its call failed, on a goroutine of its own: the caller's answer is its own call's,
+// which it reads as soon as DoWith returns, and the retries are for the callers waiting
+// with it. After the jitter, retry is the rest of the lead; true when it ended the flight.
+func (g *Group) retryElsewhere(ctx context.Context, f *flight, retry func() bool) {
+	go func() {
+		if !g.jitter(ctx) || retry() {
+			g.endLead(ctx, f)
+		}
+	}()
 }
 
 // deliverLastError ends f with the last failed response, or ErrFailed when there is none.

@@ -106,8 +106,7 @@ func (l *leader) run() bool {
 		if l.local || r.degradedFor(f.key) {
 			g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "degraded"})
 			l.role(RoleOwner)
-			g.leadLocal(ctx, f, l.failures+1)
-			return true
+			return g.leadLocal(ctx, f, l.failures+1)
 		}
 		// A flight that has followed nothing yet offers a token: if the key is free, the
 		// lookup claims it in the same round trip.
@@ -226,10 +225,17 @@ func (l *leader) run() bool {
 			}
 			l.last = res
 			l.failures++
-			if ctx.Err() != nil || !g.retryAfterFailure(ctx, f, max(c.attempt, l.failures), l.last) {
+			if ctx.Err() != nil || !g.retryDue(f, max(c.attempt, l.failures), l.last) {
 				return true
 			}
 			l.reason, l.contended = "failed", true
+			if f.call.Inline {
+				g.retryElsewhere(ctx, f, l.run)
+				return false
+			}
+			if !g.jitter(ctx) {
+				return true
+			}
 		}
 	}
 	return true

@@ -129,6 +129,19 @@ func (u *Upstream) Release() {
 	}
 }
 
+// ReleaseHeld lets the answers held so far go and holds those of the calls that come
+// after it, in one step: a test can let a first call end and catch the next one held.
+func (u *Upstream) ReleaseHeld() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	select {
+	case <-u.hold:
+	default:
+		close(u.hold)
+	}
+	u.hold = make(chan struct{})
+}
+
 // Calls is the number of model calls received; Abandoned those whose client left before
 // the answer was complete; Completed those answered to the end.
 func (u *Upstream) Calls() int64     { return u.calls.Load() }
