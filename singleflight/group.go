@@ -17,6 +17,13 @@ import (
 var (
 	// ErrLeaseLost is the cause of an owner's flight context when another owner took over.
 	ErrLeaseLost = errors.New("singleflight: lease lost")
+	// ErrFlightGone is the error of an owner's renewal (EventHeartbeatFailed) when Redis
+	// lost the flight and the owner's lease ran out before it could put it back (an outage
+	// longer than the lease, then a restart without persistence): nobody holds the flight
+	// in Redis, and the owner cannot tell whether another took it over and finished
+	// meanwhile. Its call goes on for the callers in its process; it stops renewing and
+	// appending, and its final write, fenced, decides.
+	ErrFlightGone = errors.New("singleflight: Redis lost the flight after its lease ran out")
 	// ErrTimeout is the cause of an owner's flight context when the hard timeout ran out.
 	ErrTimeout = errors.New("singleflight: owner timed out")
 	// ErrShutdown is the cause of an owner's flight context when the Group was closed.

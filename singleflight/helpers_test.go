@@ -165,6 +165,28 @@ func (r *recorder) count(k EventKind) int {
 	return n
 }
 
+// waitMatch waits until an event that match accepts was observed.
+func (r *recorder) waitMatch(t testing.TB, what string, match func(Event) bool, timeout time.Duration) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for seen := 0; ; {
+		r.mu.Lock()
+		ch, events := r.ch, r.events[seen:]
+		seen = len(r.events)
+		r.mu.Unlock()
+		for _, e := range events {
+			if match(e) {
+				return
+			}
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("%s: not within %v", what, timeout)
+		}
+	}
+}
+
 // waitFor waits until at least n events of kind k were observed.
 func (r *recorder) waitFor(t testing.TB, k EventKind, n int, timeout time.Duration) {
 	t.Helper()

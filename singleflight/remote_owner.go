@@ -63,13 +63,16 @@ func (o *remoteOwnership) remote() bool { return true }
 
 func (o *remoteOwnership) abandon() { o.r.renewer.abandon(o.token) }
 
-// fenced turns a script's 0 into ErrLeaseLost.
+// fenced turns a script's 0 into ErrLeaseLost, and -1 into ErrFlightGone.
 func (o *remoteOwnership) fenced(op string, v int64, err error) error {
 	if err != nil {
 		return o.r.redisErr(op, o.key, err)
 	}
-	if v == 0 {
+	switch v {
+	case 0:
 		return ErrLeaseLost
+	case -1:
+		return ErrFlightGone
 	}
 	return nil
 }

@@ -309,6 +309,14 @@ func (rn *renewer) renew(batch []*renewal, alive bool, gone string) {
 		switch {
 		case errors.Is(err, ErrLeaseLost):
 			rl.cancel(ErrLeaseLost)
+		case errors.Is(err, ErrFlightGone):
+			// No lease left to renew: the call goes on for this process's callers, and
+			// its followers elsewhere stop taking the alive messages for it.
+			rn.mu.Lock()
+			delete(rn.owned, rl)
+			rn.gone = append(rn.gone, rl.o.token)
+			rn.mu.Unlock()
+			g.observe(Event{Kind: EventHeartbeatFailed, Key: rl.o.key, Err: err})
 		case err != nil && rl.ctx.Err() == nil:
 			g.observe(Event{Kind: EventHeartbeatFailed, Key: rl.o.key, Err: err})
 		}

@@ -176,8 +176,9 @@ func (w *Writer) flush() bool {
 			w.headSent = w.headSent || b.head != nil
 			w.mu.Unlock()
 			continue
-		case errors.Is(err, errStreamFull):
-			// Keep everything from here on for the final write.
+		case errors.Is(err, errStreamFull), errors.Is(err, ErrFlightGone):
+			// Keep everything from here on for the final write (which, for a flight
+			// Redis lost, is refused: the callers in this process get the whole answer).
 			w.full = true
 			w.pending = append(b.data, w.pending...)
 			w.inflight = nil

@@ -219,7 +219,11 @@ func (o *logObserver) Observe(e singleflight.Event) {
 	case singleflight.EventTakeover:
 		o.log.Info("takeover", "reason", e.Reason, "key", short(e.Key))
 	case singleflight.EventLeaseLost:
-		o.log.Warn("lease lost: another instance took over; upstream call cancelled", "key", short(e.Key))
+		o.log.Warn("lease lost: another owner holds the flight; upstream call cancelled", "key", short(e.Key))
+	case singleflight.EventHeartbeatFailed:
+		if errors.Is(e.Err, singleflight.ErrFlightGone) {
+			o.log.Warn("redis lost a running flight after its lease ran out: its call goes on for this instance's requests only", "key", short(e.Key))
+		}
 	case singleflight.EventFencedWrite:
 		o.log.Warn("stale owner's write refused", "op", e.Op, "key", short(e.Key))
 	case singleflight.EventRedisError:

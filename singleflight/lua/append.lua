@@ -3,9 +3,13 @@
 -- ARGV[1] token  ARGV[2] n (1, 2, ...)  ARGV[3] status ('' unless the head rides along)
 -- ARGV[4] header (JSON)  ARGV[5] data  ARGV[6] ttl_ms  ARGV[7] stream maxlen
 -- returns 1 appended (or already appended: safe to run twice), 0 fenced, 2 the stream
--- holds maxlen entries: the owner sends the rest with its final write
+-- holds maxlen entries: the owner sends the rest with its final write, -1 the meta is
+-- gone and was not put back (see renew.lua)
 -- then the six ARGV of restore.lua, which runs first if the meta is gone
 local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n')
+if not m[1] then
+  return -1
+end
 if m[1] ~= 'R' or m[2] ~= ARGV[1] then
   return 0
 end
