@@ -420,3 +420,45 @@ func TestOwnerKeepsItsCallWhenRedisLostFlightPastLease(t *testing.T) {
 		})
 	}
 }
+
+// A follower on another instance that had already received bytes of a streamed answer
+// when Redis stopped answering cannot use a call of its own: its caller can only end
+// with an error, and no local call is made for it (one used to be, its answer read by
+// nobody and then stored on that instance alone).
+func TestNoDegradedCallForCallersWithBytes(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{redis: srv}
+	o := Options{BatchDelay: time.Millisecond, ResultTTL: time.Minute}
+	a, other := b.group(t, o), b.group(t, o)
+	key := uniqueKey()
+	s := newStreamer(3)
+	var calls atomic.Int32
+	fn := func(ctx context.Context, w *Writer) (Result, error) {
+		calls.Add(1)
+		return s.fn(ctx, w)
+	}
+	ra, err := a.Do(key, false, fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ra.Close()
+	<-s.first
+	rb, err := other.Do(key, false, fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := rb.Next(ctx); err != nil {
+		t.Fatalf("follower's first chunk: %v", err)
+	}
+	srv.Stop()
+	out := readWithin(rb, 10*time.Second)
+	if out.err == nil {
+		t.Fatalf("follower got %q and no error; want its stream cut short", out.body)
+	}
+	waitCond(t, 10*time.Second, "the follower's flight ends", func() bool { return other.flightRole(key) == RoleUnknown })
+	close(s.hold)
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d upstream calls; want 1 (no call for a caller that already has bytes of another)", n)
+	}
+}

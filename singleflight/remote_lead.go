@@ -104,6 +104,11 @@ func (l *leader) run() bool {
 	r, g, f, ctx := l.r, l.r.g, l.f, l.ctx
 	for ctx.Err() == nil {
 		if l.local || r.degradedFor(f.key) {
+			if !f.canUseNewGen() {
+				// Every caller here has bytes of an answer that can no longer reach
+				// them: a call of our own would be read by nobody.
+				return true
+			}
 			g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "degraded"})
 			l.role(RoleOwner)
 			return g.leadLocal(ctx, f, l.failures+1)
