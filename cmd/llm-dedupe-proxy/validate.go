@@ -146,7 +146,7 @@ func validate(cfg Config) error {
 	if cfg.Admin.Listen != "" {
 		c.hostPort("admin.listen", cfg.Admin.Listen)
 		if cfg.Admin.Token == "" {
-			c.fail("admin.token", "must be set when admin.listen is")
+			c.fail("admin.token", "must be set when admin.listen is set (every admin request must carry it)")
 		} else if len(cfg.Admin.Token) < 16 {
 			c.fail("admin.token", "must be at least 16 characters")
 		}
