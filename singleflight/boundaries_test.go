@@ -462,3 +462,146 @@ func TestNoDegradedCallForCallersWithBytes(t *testing.T) {
 		t.Fatalf("%d upstream calls; want 1 (no call for a caller that already has bytes of another)", n)
 	}
 }
+
+// A flight whose lead goroutine finds Redis down before its first caller is counted (the
+// goroutine starts before DoWith counts the caller) goes local and calls: that it has no
+// caller with nothing delivered yet does not mean its callers have bytes of another
+// answer, as no generation has begun.
+func TestDegradedLeadBeforeItsCallerIsCounted(t *testing.T) {
+	srv := redistest.Start(t)
+	rec := newRecorder()
+	g := backend{redis: srv}.group(t, Options{Observer: rec})
+	srv.Stop()
+	// A first flight finds Redis down: the Group is degraded from then on, and the next
+	// flight's lead goes local at once.
+	first, err := g.Do(uniqueKey(), false, instant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := readWithin(first, 10*time.Second); out.err != nil {
+		t.Fatalf("first flight: %v", out.err)
+	}
+	rec.waitFor(t, EventDegraded, 1, 10*time.Second)
+	before := rec.count(EventTakeover)
+	g.hooks.leadStarted = func() {
+		// Hold DoWith here until the lead has decided what to do without Redis. With
+		// the check of old, the lead ended the flight instead, and no takeover came.
+		deadline := time.After(5 * time.Second)
+		for rec.count(EventTakeover) == before {
+			rec.mu.Lock()
+			ch := rec.ch
+			rec.mu.Unlock()
+			select {
+			case <-ch:
+			case <-deadline:
+				return
+			}
+		}
+	}
+	var calls atomic.Int32
+	r, err := g.Do(uniqueKey(), false, func(ctx context.Context, w *Writer) (Result, error) {
+		calls.Add(1)
+		return Result{Head: Head{Status: 200}, Body: []byte("local")}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := readWithin(r, 5*time.Second); out.err != nil || out.body != "local" {
+		t.Fatalf("got (%q, %v); want the local call's answer", out.body, out.err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d upstream calls; want 1", n)
+	}
+}
+
+// When an owner finds its flight gone from Redis (lost after its lease ran out), its
+// followers on other instances are told on the alive channel, which another flight of the
+// owner's instance keeps busy: otherwise they would wait on those alive messages until the
+// hard timeout. Here an append is the first write to find it gone (the loss is made with
+// the meta deleted and the owner's last lease set in the past), and the flight ends before
+// a renewal round could find it so.
+func TestFollowersElsewhereToldWhenFlightIsGone(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{redis: srv}
+	o := Options{BatchDelay: time.Millisecond, Timeout: time.Minute}
+	rec := newRecorder()
+	oa := o
+	oa.Observer = rec
+	a, other := b.group(t, oa), b.group(t, o)
+	busy := make(chan struct{})
+	defer close(busy)
+	rx, err := a.Do(uniqueKey(), false, func(ctx context.Context, w *Writer) (Result, error) {
+		<-busy // another flight of a's: its alive messages keep coming
+		return Result{Head: Head{Status: 200}}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rx.Close()
+	key := uniqueKey()
+	first, step1, step2 := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	fn := func(ctx context.Context, w *Writer) (Result, error) {
+		w.WriteHead(Head{Status: 200})
+		if _, err := w.Write([]byte("a")); err != nil {
+			return Result{}, err
+		}
+		close(first)
+		for _, c := range []chan struct{}{step1, step2} {
+			<-c
+			if _, err := w.Write([]byte("b")); err != nil {
+				return Result{}, err
+			}
+		}
+		return Result{Outcome: Share}, nil
+	}
+	ra, err := a.Do(key, false, fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ra.Close()
+	<-first
+	heard := make(chan struct{}, 100)
+	other.hooks.aliveHeard = func() { heard <- struct{}{} }
+	rb, err := other.Do(key, false, fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := rb.Next(ctx); err != nil {
+		t.Fatalf("follower's first chunk: %v", err)
+	}
+	<-heard // the follower waits on a's alive messages
+	rn := a.remote.renewer
+	var owned *remoteOwnership
+	rn.mu.Lock()
+	for rl := range rn.owned {
+		if rl.o.key == key {
+			owned = rl.o
+		}
+	}
+	rn.mu.Unlock()
+	// Right after a renewal's reply (no event says so: its lease's start moves), so that
+	// the next round is an interval away, and no reply gives the owner a lease again.
+	from := owned.leaseFrom.Load()
+	waitCond(t, 5*time.Second, "a renewal's reply", func() bool { return owned.leaseFrom.Load() != from })
+	owned.until.Store(1) // its lease ran out: restore.lua will not put the meta back
+	if err := srv.Client().Del(ctx, "ai:flight:meta:{"+key+"}").Err(); err != nil {
+		t.Fatal(err)
+	}
+	close(step1)
+	rec.waitMatch(t, "a write finds the flight gone", func(e Event) bool {
+		return errors.Is(e.Err, ErrFlightGone)
+	}, 10*time.Second)
+	close(step2)
+	// The flight ends here before a renewal round could find it gone: only its writes can
+	// have said so.
+	rec.waitMatch(t, "the owner's flight ends", func(e Event) bool { return e.Kind == EventFlightEnd && e.Key == key }, 10*time.Second)
+	if n := rec.count(EventHeartbeatFailed); n != 0 {
+		t.Fatalf("%d renewals failed before the flight ended; want the writes alone to find it gone", n)
+	}
+	start := time.Now()
+	out := readWithin(rb, 4*a.opts.LeaseTTL)
+	if waited := time.Since(start); out.err == nil || errors.Is(out.err, context.DeadlineExceeded) || waited > 3*a.opts.LeaseTTL {
+		t.Fatalf("the follower elsewhere ended after %v with (%q, %v); want an error within a few leases", waited, out.body, out.err)
+	}
+}

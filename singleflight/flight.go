@@ -194,11 +194,25 @@ func (f *flight) hasEnded() bool {
 }
 
 // canUseNewGen reports whether a reader is left that a new attempt could serve: one that
-// has delivered nothing yet.
+// has delivered nothing yet, and is not the leader's holding its own failed answer (which
+// it gets whatever comes next).
 func (f *flight) canUseNewGen() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.unserved > 0
+	n := f.unserved
+	if f.leaderFail != nil && f.leaderOpen && !f.leaderServed {
+		n--
+	}
+	return n > 0
+}
+
+// begun reports whether a generation was started (owned or followed): before that, no
+// reader can have bytes of one, and the callers of a flight just made may not be counted
+// yet.
+func (f *flight) begun() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.gen > 0
 }
 
 // othersWaiting reports whether readers other than the leader's can still be served by a

@@ -225,6 +225,7 @@ type hooks struct {
 	aliveHeard   func()                    // the hub heard an alive message
 	resumed      func()                    // a parked follower was woken
 	completed    func()                    // an owner's final write landed, before its flight ends here
+	leadStarted  func()                    // a flight's lead goroutine started; its first caller is not counted yet (g.mu held)
 }
 
 type storedResult struct {
@@ -317,6 +318,9 @@ func (g *Group) DoWith(key string, o CallOptions, fn Func) (*Reader, error) {
 		g.wg.Add(1)
 		if !o.Inline {
 			go g.lead(ctx, f)
+			if g.hooks.leadStarted != nil {
+				g.hooks.leadStarted()
+			}
 		}
 	}
 	f.mu.Lock()

@@ -114,10 +114,11 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 		if cerr != nil && !errors.Is(cerr, ErrLeaseLost) {
 			o.abandon() // the flight may look running with nobody renewing it
 		}
-		if errors.Is(cerr, ErrLeaseLost) {
-			// Another owner took over; its result is the stored one. Our local readers
-			// already hold a whole answer, so they get it rather than a second call.
-			g.observe(Event{Kind: EventFencedWrite, Key: f.key, Op: "complete"})
+		if errors.Is(cerr, ErrLeaseLost) || errors.Is(cerr, ErrFlightGone) {
+			// Another owner took over (its result is the stored one), or Redis lost the
+			// flight. Our local readers already hold a whole answer, so they get it
+			// rather than a second call.
+			g.observe(Event{Kind: EventFencedWrite, Key: f.key, Op: "complete", Err: gone(cerr)})
 		}
 		// A caller that joined once the write was on its way may have been sent by a
 		// client answered elsewhere: it is not given the answer (answered.go).
@@ -144,8 +145,8 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	if ferr != nil && !errors.Is(ferr, ErrLeaseLost) {
 		o.abandon()
 	}
-	if errors.Is(ferr, ErrLeaseLost) {
-		g.observe(Event{Kind: EventFencedWrite, Key: f.key, Op: "fail"})
+	if errors.Is(ferr, ErrLeaseLost) || errors.Is(ferr, ErrFlightGone) {
+		g.observe(Event{Kind: EventFencedWrite, Key: f.key, Op: "fail", Err: gone(ferr)})
 	}
 	var lf *Result
 	if res.Head.Status != 0 {
@@ -155,6 +156,14 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	}
 	f.resetGen(lf)
 	return attemptFailed, res, err
+}
+
+// gone is ErrFlightGone if err is, else nil: what a fenced write's event says.
+func gone(err error) error {
+	if errors.Is(err, ErrFlightGone) {
+		return ErrFlightGone
+	}
+	return nil
 }
 
 func writeTimeout(g *Group) time.Duration {

@@ -104,7 +104,7 @@ func (l *leader) run() bool {
 	r, g, f, ctx := l.r, l.r.g, l.f, l.ctx
 	for ctx.Err() == nil {
 		if l.local || r.degradedFor(f.key) {
-			if !f.canUseNewGen() {
+			if f.begun() && !f.canUseNewGen() {
 				// Every caller here has bytes of an answer that can no longer reach
 				// them: a call of our own would be read by nobody.
 				return true

@@ -36,8 +36,21 @@ type renewer struct {
 
 	mu      sync.Mutex
 	owned   map[*renewal]struct{}
-	gone    []string // tokens no longer renewed without a final write: said in the next alive
+	gone    []goneToken // tokens no longer renewed without a final write: said in the alive messages of a lease
 	started bool
+}
+
+// goneToken is a token the alive messages say is no longer renewed, until until: for a
+// lease's worth of rounds, so that a follower whose subscription was being made again (the
+// same Redis trouble that ended the attempt) still hears it.
+type goneToken struct {
+	token string
+	until time.Time
+}
+
+// sayGone adds token to the alive messages' gone tokens; rn.mu held.
+func (rn *renewer) sayGone(token string) {
+	rn.gone = append(rn.gone, goneToken{token, time.Now().Add(rn.r.g.opts.LeaseTTL)})
 }
 
 // renewal is one owned attempt's lease.
@@ -57,7 +70,7 @@ func newRenewer(r *remote) *renewer { return &renewer{r: r, owned: map[*renewal]
 // messages for it and look it up.
 func (rn *renewer) abandon(token string) {
 	rn.mu.Lock()
-	rn.gone = append(rn.gone, token)
+	rn.sayGone(token)
 	rn.mu.Unlock()
 }
 
@@ -182,9 +195,16 @@ func (rn *renewer) due(now time.Time) (batch, later []*renewal, by time.Time, go
 		}
 		batch = append(batch, rl)
 	}
-	gone = strings.Join(rn.gone, " ")
-	rn.gone = nil
-	return batch, later, by, gone
+	var say []string
+	keep := rn.gone[:0]
+	for _, t := range rn.gone {
+		if t.until.After(now) {
+			say = append(say, t.token)
+			keep = append(keep, t)
+		}
+	}
+	rn.gone = keep
+	return batch, later, by, strings.Join(say, " ")
 }
 
 // stillOwned returns the attempts of rls still registered (their final write has not
@@ -210,7 +230,7 @@ func (rn *renewer) expired(rl *renewal) bool {
 	}
 	if !rl.said {
 		rl.said = true
-		rn.gone = append(rn.gone, rl.o.token)
+		rn.sayGone(rl.o.token)
 	}
 	return true
 }
@@ -314,7 +334,7 @@ func (rn *renewer) renew(batch []*renewal, alive bool, gone string) {
 			// its followers elsewhere stop taking the alive messages for it.
 			rn.mu.Lock()
 			delete(rn.owned, rl)
-			rn.gone = append(rn.gone, rl.o.token)
+			rn.sayGone(rl.o.token)
 			rn.mu.Unlock()
 			g.observe(Event{Kind: EventHeartbeatFailed, Key: rl.o.key, Err: err})
 		case err != nil && rl.ctx.Err() == nil:

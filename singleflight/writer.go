@@ -183,6 +183,10 @@ func (w *Writer) flush() bool {
 			w.pending = append(b.data, w.pending...)
 			w.inflight = nil
 			w.mu.Unlock()
+			if errors.Is(err, ErrFlightGone) {
+				w.o.abandon() // followers elsewhere stop waiting on this instance's word
+				w.g.observe(Event{Kind: EventFencedWrite, Key: w.f.key, Op: "append", Err: ErrFlightGone})
+			}
 			return false
 		case errors.Is(err, ErrLeaseLost):
 			w.err = ErrLeaseLost

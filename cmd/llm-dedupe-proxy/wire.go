@@ -225,6 +225,10 @@ func (o *logObserver) Observe(e singleflight.Event) {
 			o.log.Warn("redis lost a running flight after its lease ran out: its call goes on for this instance's requests only", "key", short(e.Key))
 		}
 	case singleflight.EventFencedWrite:
+		if errors.Is(e.Err, singleflight.ErrFlightGone) {
+			o.log.Warn("redis lost a running flight after its lease ran out: its call goes on for this instance's requests only", "op", e.Op, "key", short(e.Key))
+			break
+		}
 		o.log.Warn("stale owner's write refused", "op", e.Op, "key", short(e.Key))
 	case singleflight.EventRedisError:
 		o.log.Debug("redis error", "op", e.Op, "err", e.Err)

@@ -7,9 +7,13 @@
 -- ARGV[4] status  ARGV[5] header (JSON)  ARGV[6] data (not yet streamed)
 -- ARGV[7] transcript (the whole body)  ARGV[8] store ("1")  ARGV[9] result_ttl_ms
 -- ARGV[10] linger_ms
--- returns 1 completed (or already completed by me: safe to run twice), 0 fenced
+-- returns 1 completed (or already completed by me: safe to run twice), 0 fenced, -1 the
+-- meta is gone and was not put back (see renew.lua)
 -- then the six ARGV of restore.lua, which runs first if the meta is gone
 local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n')
+if not m[1] then
+  return -1 -- gone, and not put back (see renew.lua)
+end
 if m[2] ~= ARGV[1] then
   return 0
 end

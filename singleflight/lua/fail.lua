@@ -3,9 +3,13 @@
 -- ARGV[1] token  ARGV[2] status ('' if no response)  ARGV[3] header (JSON)  ARGV[4] body
 -- ARGV[5] reason (error, timeout, shutdown)  ARGV[6] ttl_ms
 -- A release at shutdown is no fault of the request: it does not use up an attempt.
--- returns 1 failed (or already failed by me: safe to run twice), 0 fenced
+-- returns 1 failed (or already failed by me: safe to run twice), 0 fenced, -1 the meta is
+-- gone and was not put back (see renew.lua)
 -- then the six ARGV of restore.lua, which runs first if the meta is gone
 local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n', 'attempt')
+if not m[1] then
+  return -1 -- gone, and not put back (see renew.lua)
+end
 if m[2] ~= ARGV[1] then
   return 0
 end
