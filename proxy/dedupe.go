@@ -273,7 +273,7 @@ func (p *Proxy) failBeforeBytes(w http.ResponseWriter, ctx context.Context, err 
 
 // sseError is the event that ends a stream whose owner changed mid-answer.
 func sseError(err error) string {
-	msg := "the answer was interrupted: the upstream call streaming it stopped, and another took its place; retry the request"
+	msg := "the answer was interrupted: the upstream call streaming it stopped; retry the request"
 	if !errors.Is(err, singleflight.ErrGenerationChanged) {
 		msg = "the answer was interrupted; retry the request"
 	}
