@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/fakeupstream"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
 // load sends requests from workers spread over the instances until stopped (or a bound is
@@ -240,4 +241,39 @@ func keys(m map[int64]bool) []int64 {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestShortRedisRestartCostsNoCall: Redis, with its append-only file, restarts while a
+// unary call is owned by one instance and followed on the others. The followers keep
+// reading while the owner's lease, as they last knew it, runs: an outage shorter than that
+// costs no call of their own (each instance used to call the upstream itself at Redis's
+// first refusal, however short the outage).
+func TestShortRedisRestartCostsNoCall(t *testing.T) {
+	c := startCluster(t, clusterOpts{persist: true, env: map[string]string{
+		"LLM_DEDUPE_FLIGHT_LEASE_TTL": "3s", "LLM_DEDUPE_FLIGHT_HEARTBEAT_INTERVAL": "1s",
+	}})
+	c.fake.set(fakeupstream.Behavior{Hold: true})
+	const model = "e2e-short-restart"
+	body := chatBody(model, "through a short Redis restart")
+	chs := []<-chan answer{postAsync(c.ins[0].URL, chatPath, body, apiKeyA)}
+	c.fake.waitFor(fakeupstream.Stats{Calls: 1}, 10*time.Second)
+	chs = append(chs, spread(c.ins, 6, chatPath, body, apiKeyA)...)
+	waitWaiting(t, c.ins, len(chs))
+	redistest.WaitUntil(t, 10*time.Second, "the other instances follow", func() (bool, string) {
+		n := sum(c.ins, "llm_dedupe_flight_roles_total", map[string]string{"role": "follower"})
+		return n >= 2, fmt.Sprintf("%v flights follow", n)
+	})
+	c.redis.Stop()
+	time.Sleep(600 * time.Millisecond) // the outage, within the lease
+	c.redis.Restart()
+	for _, in := range c.ins {
+		in.waitDegraded(false, 10*time.Second)
+	}
+	c.fake.release()
+	for i, a := range collect(chs) {
+		wantChat(t, fmt.Sprintf("client %d", i), a, model, 1)
+	}
+	if s := c.fake.stats(); s.Calls != 1 || s.Abandoned != 0 {
+		t.Fatalf("upstream %+v; want the owner's call alone", s)
+	}
 }

@@ -602,6 +602,16 @@ func (r *remote) recheck(ctx context.Context, f *flight, pos *position, deadline
 		return followEnd{kind: followDone}, true
 	}
 	if lerr != nil {
+		if now := time.Now(); now.Before(*leaseEnd) {
+			// Redis does not answer, but the owner's lease, as far as we know, runs on:
+			// a restart or a failover that ends before it costs no call of our own. Read
+			// and look again soon; past the lease, the flight goes local-only.
+			*deadline = now.Add(pollEvery)
+			if leaseEnd.Before(*deadline) {
+				*deadline = *leaseEnd
+			}
+			return followEnd{}, false
+		}
 		return followEnd{kind: followRedisErr, err: lerr}, true
 	}
 	f.sawRedis(d.clock)
