@@ -109,7 +109,11 @@ func (l *leader) run() bool {
 				// them: a call of our own would be read by nobody.
 				return true
 			}
-			g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "degraded"})
+			if f.begun() || l.reason != "" {
+				// A flight that had an owner (followed or its own) is taken over; a new
+				// one just runs here.
+				g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "degraded"})
+			}
 			l.role(RoleOwner)
 			return g.leadLocal(ctx, f, l.failures+1)
 		}
@@ -317,6 +321,10 @@ func orDefault(s, d string) string {
 	return d
 }
 
+// errShardDown is why a follower did not look its flight up: the probe says its Redis
+// (shard) is down.
+var errShardDown = errors.New("singleflight: the flight's Redis is down")
+
 type followKind uint8
 
 const (
@@ -420,12 +428,20 @@ func (fw *follower) lookAt() (at time.Time, byAlive bool) {
 // owner anew; one that found this attempt still running, after its owner said it stopped
 // renewing it, waits for its lease alone.
 func (fw *follower) look() (followEnd, bool) {
+	known := fw.leaseEnd
 	if at, _ := fw.lookAt(); at.After(fw.leaseEnd) {
 		fw.leaseEnd = at // the owner said it is alive: its lease runs that long
 	}
 	end, done := fw.l.r.recheck(fw.l.ctx, fw.l.f, &fw.l.pos, &fw.deadline, &fw.leaseEnd, &fw.recheck, &fw.read)
 	if done {
 		return end, true
+	}
+	if end.err != nil {
+		// Redis could not be asked: nothing was learnt of this attempt. The owner's alive
+		// messages, which are its instance's and go on while this flight's own Redis
+		// (a Cluster shard) is down, extend neither its lease nor the trust in them.
+		fw.leaseEnd = known
+		return followEnd{}, false
 	}
 	fw.since = time.Now()
 	if fw.l.pos.token != fw.trustFor || !fw.trustUntil.IsZero() {
@@ -495,8 +511,12 @@ func (fw *follower) loop(ev wakeEvent) followEnd {
 				fw.trust()
 			}
 			if slices.Contains(fw.alive.takeGone(), pos.token) {
-				fw.trustUntil = time.Time{} // its owner no longer renews it: look it up now
+				// Its owner no longer renews it: look it up now, and take its lease as
+				// over (a flight Redis lost is not put back by that owner: waiting for it
+				// would only keep the callers here waiting).
+				fw.trustUntil = time.Time{}
 				fw.deadline = time.Now()
+				fw.leaseEnd = fw.deadline
 			}
 			continue
 		case evTimer:
@@ -597,22 +617,29 @@ func (r *remote) readAfter(ctx context.Context, stream, id string) ([]redis.XMes
 // whether to go on following (done false, with the deadline moved or a read asked for) or
 // how the attempt ended.
 func (r *remote) recheck(ctx context.Context, f *flight, pos *position, deadline, leaseEnd *time.Time, recheck *int, read *bool) (followEnd, bool) {
+	// While Redis does not answer but the owner's lease, as far as we know, runs on, a
+	// restart or a failover that ends before it costs no call of our own: look again soon
+	// (end.err says nothing was learnt). Past the lease, the flight goes local-only. While
+	// the probe says this flight's Redis is down, the follower does not ask it itself.
+	wait := func(err error) (followEnd, bool) {
+		if now := time.Now(); now.Before(*leaseEnd) {
+			*deadline = now.Add(pollEvery)
+			if leaseEnd.Before(*deadline) {
+				*deadline = *leaseEnd
+			}
+			return followEnd{err: err}, false
+		}
+		return followEnd{kind: followRedisErr, err: err}, true
+	}
+	if r.degradedFor(f.key) && time.Now().Before(*leaseEnd) {
+		return wait(errShardDown)
+	}
 	d, lerr := r.lookup(f.key, f.noCache, "", f.call)
 	if ctx.Err() != nil {
 		return followEnd{kind: followDone}, true
 	}
 	if lerr != nil {
-		if now := time.Now(); now.Before(*leaseEnd) {
-			// Redis does not answer, but the owner's lease, as far as we know, runs on:
-			// a restart or a failover that ends before it costs no call of our own. Read
-			// and look again soon; past the lease, the flight goes local-only.
-			*deadline = now.Add(pollEvery)
-			if leaseEnd.Before(*deadline) {
-				*deadline = *leaseEnd
-			}
-			return followEnd{}, false
-		}
-		return followEnd{kind: followRedisErr, err: lerr}, true
+		return wait(lerr)
 	}
 	f.sawRedis(d.clock)
 	switch {

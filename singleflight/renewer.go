@@ -48,8 +48,13 @@ type goneToken struct {
 	until time.Time
 }
 
-// sayGone adds token to the alive messages' gone tokens; rn.mu held.
+// sayGone adds token to the alive messages' gone tokens (once); rn.mu held.
 func (rn *renewer) sayGone(token string) {
+	for _, t := range rn.gone {
+		if t.token == token {
+			return
+		}
+	}
 	rn.gone = append(rn.gone, goneToken{token, time.Now().Add(rn.r.g.opts.LeaseTTL)})
 }
 

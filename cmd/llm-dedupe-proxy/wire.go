@@ -226,7 +226,11 @@ func (o *logObserver) Observe(e singleflight.Event) {
 		}
 	case singleflight.EventFencedWrite:
 		if errors.Is(e.Err, singleflight.ErrFlightGone) {
-			o.log.Warn("redis lost a running flight after its lease ran out: its call goes on for this instance's requests only", "op", e.Op, "key", short(e.Key))
+			if e.Op == "append" {
+				o.log.Warn("redis lost a running flight after its lease ran out: its call goes on for this instance's requests only", "op", e.Op, "key", short(e.Key))
+			} else {
+				o.log.Warn("redis lost a running flight after its lease ran out: its answer went to this instance's requests only, and was not stored", "op", e.Op, "key", short(e.Key))
+			}
 			break
 		}
 		o.log.Warn("stale owner's write refused", "op", e.Op, "key", short(e.Key))
