@@ -121,7 +121,29 @@ func (rn *renewer) loop() {
 			// The alive message goes every round, with the first pipeline or alone.
 			rn.send(batch, true, gone)
 		}
+		// Renewals that failed (Redis did not answer) are tried again a quarter and a half
+		// interval on, not at the next round only: after an outage, the first renewal to
+		// reach Redis would otherwise come up to an interval late, when the lease may
+		// have run out by Redis's clock and another instance taken the flight over.
+		if failed := rn.notRenewed(batch, mono(begun)); len(failed) > 0 {
+			rn.renewLater(failed, time.Now().Add(g.opts.HeartbeatInterval/4))
+		}
 	}
+}
+
+// notRenewed returns the attempts of batch, renewed in a round begun at begun (mono), that
+// are still registered and were not renewed, and hands them to a renewLater goroutine.
+func (rn *renewer) notRenewed(batch []*renewal, begun int64) []*renewal {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	var out []*renewal
+	for _, rl := range batch {
+		if _, ok := rn.owned[rl]; ok && !rl.later && rl.ctx.Err() == nil && rl.o.leaseFrom.Load() < begun {
+			rl.later = true
+			out = append(out, rl)
+		}
+	}
+	return out
 }
 
 // renewLater renews, at by, the attempts of later still registered then (those whose final

@@ -195,3 +195,93 @@ func TestRenewalWhileFinalWriteIsMade(t *testing.T) {
 		})
 	}
 }
+
+// renewFailHook fails the first pipeline of renewals after armed is set, as a Redis that
+// does not answer would, and reports the round of every pipeline of renewals sent.
+type renewFailHook struct {
+	armed atomic.Bool
+	rn    func() *renewer
+	sent  chan renewSent
+}
+
+// renewSent is a pipeline of renewals sent: the round counter then, and whether it failed.
+type renewSent struct {
+	round  int64
+	failed bool
+}
+
+func (h *renewFailHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *renewFailHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return next
+}
+func (h *renewFailHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		renews := false
+		for _, c := range cmds {
+			if a := c.Args(); len(a) > 1 && a[0] == "evalsha" && a[1] == renewScript.Hash() {
+				renews = true
+			}
+		}
+		if !renews {
+			return next(ctx, cmds)
+		}
+		fail := h.armed.CompareAndSwap(true, false)
+		select {
+		case h.sent <- renewSent{h.rn().round.Load(), fail}:
+		default:
+		}
+		if fail {
+			err := errors.New("connection refused (injected)")
+			for _, c := range cmds {
+				c.SetErr(err)
+			}
+			return err
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A round whose renewals fail (Redis did not answer) is followed by another try a quarter
+// interval on, not by the next round only: after an outage the owner's first renewal to
+// reach Redis comes within a quarter interval of it, before its lease may run out.
+func TestFailedRenewalTriedBeforeNextRound(t *testing.T) {
+	srv := redistest.Start(t)
+	hook := &renewFailHook{sent: make(chan renewSent, 16)}
+	c := srv.Client()
+	c.AddHook(hook)
+	g := New(Options{Redis: c, HeartbeatInterval: 400 * time.Millisecond, LeaseTTL: 2 * time.Second})
+	t.Cleanup(func() { g.Close(context.Background()) })
+	hook.rn = func() *renewer { return g.remote.renewer }
+	gate := make(chan struct{})
+	defer close(gate)
+	r, err := g.Do(uniqueKey(), false, func(ctx context.Context, w *Writer) (Result, error) {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+		}
+		return Result{Head: Head{Status: 200}}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	sent := func() renewSent {
+		t.Helper()
+		select {
+		case s := <-hook.sent:
+			return s
+		case <-time.After(5 * time.Second):
+			t.Fatal("no renewal sent within 5s")
+			return renewSent{}
+		}
+	}
+	sent() // a first round renews
+	hook.armed.Store(true)
+	failed := sent()
+	for !failed.failed {
+		failed = sent()
+	}
+	if next := sent(); next.round != failed.round {
+		t.Fatalf("after the renewals of round %d failed, the next renewal was sent in round %d; want a retry within round %d", failed.round, next.round, failed.round)
+	}
+}
