@@ -122,11 +122,7 @@ func (u *Upstream) Set(b Behavior) {
 func (u *Upstream) Release() {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	select {
-	case <-u.hold:
-	default:
-		close(u.hold)
-	}
+	u.releaseLocked()
 }
 
 // ReleaseHeld lets the answers held so far go and holds those of the calls that come
@@ -134,12 +130,17 @@ func (u *Upstream) Release() {
 func (u *Upstream) ReleaseHeld() {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	u.releaseLocked()
+	u.hold = make(chan struct{})
+}
+
+// releaseLocked closes the hold once; u.mu held.
+func (u *Upstream) releaseLocked() {
 	select {
 	case <-u.hold:
 	default:
 		close(u.hold)
 	}
-	u.hold = make(chan struct{})
 }
 
 // Calls is the number of model calls received; Abandoned those whose client left before
