@@ -135,7 +135,7 @@ func TestAliveHeardBeforeDeadlineDoesNotPutOffLook(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.close()
-	l := &leader{r: g.remote, ctx: context.Background(), pos: position{token: "1-owner-instance-1"}}
+	l := &leader{r: g.remote, ctx: context.Background(), f: &flight{key: uniqueKey()}, pos: position{token: "1-owner-instance-1"}}
 	fw := &follower{l: l, alive: w}
 	fw.trust()
 	g.remote.wake.heard(ch, nil)

@@ -405,7 +405,9 @@ func (fw *follower) lookAt() (at time.Time, byAlive bool) {
 	if fw.l.pos.token != fw.trustFor {
 		fw.trust() // a new owner: trusted anew
 	}
-	if fw.alive == nil || fw.trustUntil.IsZero() {
+	if fw.alive == nil || fw.trustUntil.IsZero() || fw.l.r.degradedFor(fw.l.f.key) {
+		// (The alive messages are the owner instance's: they go on while the flight's
+		// own Redis, a Cluster shard, is down, and then say nothing of this flight.)
 		return at, false
 	}
 	until := fw.l.r.wake.aliveUntil(fw.alive.channel)
@@ -511,12 +513,16 @@ func (fw *follower) loop(ev wakeEvent) followEnd {
 				fw.trust()
 			}
 			if slices.Contains(fw.alive.takeGone(), pos.token) {
-				// Its owner no longer renews it: look it up now, and take its lease as
-				// over (a flight Redis lost is not put back by that owner: waiting for it
-				// would only keep the callers here waiting).
+				// Its owner no longer renews it: look it up now, and, the first time it
+				// says so, take its lease as over (a flight Redis lost is not put back
+				// by that owner: waiting for it would only keep the callers here
+				// waiting). The token is said again for a lease; a look that found the
+				// attempt running since is waited on for its lease alone.
+				if !fw.trustUntil.IsZero() {
+					fw.leaseEnd = time.Now()
+				}
 				fw.trustUntil = time.Time{}
 				fw.deadline = time.Now()
-				fw.leaseEnd = fw.deadline
 			}
 			continue
 		case evTimer:
@@ -631,7 +637,7 @@ func (r *remote) recheck(ctx context.Context, f *flight, pos *position, deadline
 		}
 		return followEnd{kind: followRedisErr, err: err}, true
 	}
-	if r.degradedFor(f.key) && time.Now().Before(*leaseEnd) {
+	if r.degradedFor(f.key) {
 		return wait(errShardDown)
 	}
 	d, lerr := r.lookup(f.key, f.noCache, "", f.call)

@@ -36,7 +36,8 @@ type renewer struct {
 
 	mu      sync.Mutex
 	owned   map[*renewal]struct{}
-	gone    []goneToken // tokens no longer renewed without a final write: said in the alive messages of a lease
+	gone    []goneToken     // tokens no longer renewed without a final write: said in the alive messages of a lease
+	saying  map[string]bool // the tokens in gone
 	started bool
 }
 
@@ -50,11 +51,10 @@ type goneToken struct {
 
 // sayGone adds token to the alive messages' gone tokens (once); rn.mu held.
 func (rn *renewer) sayGone(token string) {
-	for _, t := range rn.gone {
-		if t.token == token {
-			return
-		}
+	if rn.saying[token] {
+		return
 	}
+	rn.saying[token] = true
 	rn.gone = append(rn.gone, goneToken{token, time.Now().Add(rn.r.g.opts.LeaseTTL)})
 }
 
@@ -68,7 +68,9 @@ type renewal struct {
 	later bool
 }
 
-func newRenewer(r *remote) *renewer { return &renewer{r: r, owned: map[*renewal]struct{}{}} }
+func newRenewer(r *remote) *renewer {
+	return &renewer{r: r, owned: map[*renewal]struct{}{}, saying: map[string]bool{}}
+}
 
 // abandon says, with the next alive message, that token is no longer renewed although its
 // flight may look running (its final write failed): its followers stop trusting alive
@@ -132,7 +134,7 @@ func (rn *renewer) loop() {
 }
 
 // notRenewed returns the attempts of batch, renewed in a round begun at begun (mono), that
-// are still registered and were not renewed, and hands them to a renewLater goroutine.
+// are still registered and were not renewed, marked for a renewLater goroutine.
 func (rn *renewer) notRenewed(batch []*renewal, begun int64) []*renewal {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
@@ -228,6 +230,8 @@ func (rn *renewer) due(now time.Time) (batch, later []*renewal, by time.Time, go
 		if t.until.After(now) {
 			say = append(say, t.token)
 			keep = append(keep, t)
+		} else {
+			delete(rn.saying, t.token)
 		}
 	}
 	rn.gone = keep
