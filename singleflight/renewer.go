@@ -34,28 +34,21 @@ type renewer struct {
 
 	round atomic.Int64 // renewal rounds begun (tests name them)
 
-	mu      sync.Mutex
-	owned   map[*renewal]struct{}
-	gone    []goneToken     // tokens no longer renewed without a final write: said in the alive messages of a lease
-	saying  map[string]bool // the tokens in gone
+	mu    sync.Mutex
+	owned map[*renewal]struct{}
+	// gone: tokens no longer renewed without a final write, each said in the alive
+	// messages until its time: for a lease's worth of rounds, so that a follower whose
+	// subscription was being made again (the same Redis trouble that ended the attempt)
+	// still hears it.
+	gone    map[string]time.Time
 	started bool
 }
 
-// goneToken is a token the alive messages say is no longer renewed, until until: for a
-// lease's worth of rounds, so that a follower whose subscription was being made again (the
-// same Redis trouble that ended the attempt) still hears it.
-type goneToken struct {
-	token string
-	until time.Time
-}
-
-// sayGone adds token to the alive messages' gone tokens (once); rn.mu held.
+// sayGone has the alive messages say token gone (once); rn.mu held.
 func (rn *renewer) sayGone(token string) {
-	if rn.saying[token] {
-		return
+	if _, ok := rn.gone[token]; !ok {
+		rn.gone[token] = time.Now().Add(rn.r.g.opts.LeaseTTL)
 	}
-	rn.saying[token] = true
-	rn.gone = append(rn.gone, goneToken{token, time.Now().Add(rn.r.g.opts.LeaseTTL)})
 }
 
 // renewal is one owned attempt's lease.
@@ -68,8 +61,15 @@ type renewal struct {
 	later bool
 }
 
+// notRenewedSince reports whether rl, still within its hard timeout, got no lease from a
+// renewal sent at or after t (mono): its renewal failed (a fenced one has its context
+// ended).
+func (rl *renewal) notRenewedSince(t int64) bool {
+	return rl.ctx.Err() == nil && rl.o.leaseFrom.Load() < t
+}
+
 func newRenewer(r *remote) *renewer {
-	return &renewer{r: r, owned: map[*renewal]struct{}{}, saying: map[string]bool{}}
+	return &renewer{r: r, owned: map[*renewal]struct{}{}, gone: map[string]time.Time{}}
 }
 
 // abandon says, with the next alive message, that token is no longer renewed although its
@@ -140,7 +140,7 @@ func (rn *renewer) notRenewed(batch []*renewal, begun int64) []*renewal {
 	defer rn.mu.Unlock()
 	var out []*renewal
 	for _, rl := range batch {
-		if _, ok := rn.owned[rl]; ok && !rl.later && rl.ctx.Err() == nil && rl.o.leaseFrom.Load() < begun {
+		if _, ok := rn.owned[rl]; ok && !rl.later && rl.notRenewedSince(begun) {
 			rl.later = true
 			out = append(out, rl)
 		}
@@ -181,8 +181,8 @@ func (rn *renewer) renewLater(later []*renewal, by time.Time) {
 			rn.send(batch, false, "")
 			later = nil
 			for _, rl := range batch {
-				if rl.o.leaseFrom.Load() < sent && rl.ctx.Err() == nil {
-					later = append(later, rl) // not renewed (a fenced one has its context ended)
+				if rl.notRenewedSince(sent) {
+					later = append(later, rl)
 				}
 			}
 			if len(later) == 0 {
@@ -225,16 +225,13 @@ func (rn *renewer) due(now time.Time) (batch, later []*renewal, by time.Time, go
 		batch = append(batch, rl)
 	}
 	var say []string
-	keep := rn.gone[:0]
-	for _, t := range rn.gone {
-		if t.until.After(now) {
-			say = append(say, t.token)
-			keep = append(keep, t)
+	for token, until := range rn.gone {
+		if until.After(now) {
+			say = append(say, token)
 		} else {
-			delete(rn.saying, t.token)
+			delete(rn.gone, token)
 		}
 	}
-	rn.gone = keep
 	return batch, later, by, strings.Join(say, " ")
 }
 
