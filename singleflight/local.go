@@ -59,21 +59,16 @@ func (g *Group) endLead(ctx context.Context, f *flight) {
 
 // leadLocal owns f in this process alone, attempt after attempt: the in-memory mode, and
 // the fail-open mode of a Redis Group whose Redis does not answer. It reports false when
-// the attempts go on on another goroutine (retryElsewhere), which ends the flight.
+// the attempts go on on another goroutine (retryAfterJitter), which ends the flight.
 func (g *Group) leadLocal(ctx context.Context, f *flight, attempt int) bool {
 	end, res, _ := g.own(ctx, f, localOwnership{})
 	if end == attemptDone || ctx.Err() != nil || !g.retryDue(f, attempt, res) {
 		return true
 	}
-	retry := func() bool {
+	return g.retryAfterJitter(ctx, f, func() bool {
 		g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "failed"})
 		return g.leadLocal(ctx, f, attempt+1)
-	}
-	if f.call.Inline {
-		g.retryElsewhere(ctx, f, retry)
-		return false
-	}
-	return !g.jitter(ctx) || retry()
+	})
 }
 
 // retryDue decides, after a failed attempt, whether another one is due: only when callers
@@ -90,16 +85,22 @@ func (g *Group) retryDue(f *flight, attempt int, last Result) bool {
 	return true
 }
 
-// retryElsewhere goes on with a flight led on its caller's goroutine (CallOptions.Inline)
-// after its call failed, on a goroutine of its own: the caller's answer is its own call's,
-// which it reads as soon as DoWith returns, and the retries are for the callers waiting
-// with it. After the jitter, retry is the rest of the lead; true when it ended the flight.
-func (g *Group) retryElsewhere(ctx context.Context, f *flight, retry func() bool) {
+// retryAfterJitter runs retry, the rest of a lead after a failed attempt, once the
+// takeover jitter has passed, and reports whether the flight ended (false: it goes on on
+// another goroutine, which ends it). A flight led on its caller's goroutine
+// (CallOptions.Inline) goes on on a goroutine of its own: the caller's answer is its own
+// call's, which it reads as soon as DoWith returns, and the retries are for the callers
+// waiting with it.
+func (g *Group) retryAfterJitter(ctx context.Context, f *flight, retry func() bool) bool {
+	if !f.call.Inline {
+		return !g.jitter(ctx) || retry()
+	}
 	go func() {
 		if !g.jitter(ctx) || retry() {
 			g.endLead(ctx, f)
 		}
 	}()
+	return false
 }
 
 // deliverLastError ends f with the last failed response, or ErrFailed when there is none.

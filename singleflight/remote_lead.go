@@ -104,12 +104,13 @@ func (l *leader) run() bool {
 	r, g, f, ctx := l.r, l.r.g, l.f, l.ctx
 	for ctx.Err() == nil {
 		if l.local || r.degradedFor(f.key) {
-			if f.begun() && !f.canUseNewGen() {
+			begun := f.begun()
+			if begun && !f.canUseNewGen() {
 				// Every caller here has bytes of an answer that can no longer reach
 				// them: a call of our own would be read by nobody.
 				return true
 			}
-			if f.begun() || l.reason != "" {
+			if begun || l.reason != "" {
 				// A flight that had an owner (followed or its own) is taken over; a new
 				// one just runs here.
 				g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "degraded"})
@@ -238,13 +239,7 @@ func (l *leader) run() bool {
 				return true
 			}
 			l.reason, l.contended = "failed", true
-			if f.call.Inline {
-				g.retryElsewhere(ctx, f, l.run)
-				return false
-			}
-			if !g.jitter(ctx) {
-				return true
-			}
+			return g.retryAfterJitter(ctx, f, l.run)
 		}
 	}
 	return true
