@@ -111,15 +111,10 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 			g.hooks.completed()
 		}
 		stopHeartbeat()
-		if cerr != nil && !errors.Is(cerr, ErrLeaseLost) {
-			o.abandon() // the flight may look running with nobody renewing it
-		}
-		if errors.Is(cerr, ErrLeaseLost) || errors.Is(cerr, ErrFlightGone) {
-			// Another owner took over (its result is the stored one), or Redis lost the
-			// flight. Our local readers already hold a whole answer, so they get it
-			// rather than a second call.
-			g.observe(Event{Kind: EventFencedWrite, Key: f.key, Op: "complete", Err: gone(cerr)})
-		}
+		// Refused (another owner took over, and its result is the stored one, or Redis
+		// lost the flight), our local readers still get the whole answer they hold
+		// rather than a second call.
+		g.writeEnded(o, f.key, "complete", cerr)
 		// A caller that joined once the write was on its way may have been sent by a
 		// client answered elsewhere: it is not given the answer (answered.go).
 		if cerr == nil && o.remote() {
@@ -142,12 +137,7 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	}
 	ferr := o.fail(wctx, res, reason)
 	stopHeartbeat()
-	if ferr != nil && !errors.Is(ferr, ErrLeaseLost) {
-		o.abandon()
-	}
-	if errors.Is(ferr, ErrLeaseLost) || errors.Is(ferr, ErrFlightGone) {
-		g.observe(Event{Kind: EventFencedWrite, Key: f.key, Op: "fail", Err: gone(ferr)})
-	}
+	g.writeEnded(o, f.key, "fail", ferr)
 	var lf *Result
 	if res.Head.Status != 0 {
 		lf = &res
@@ -158,12 +148,24 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	return attemptFailed, res, err
 }
 
-// gone is ErrFlightGone if err is, else nil: what a fenced write's event says.
-func gone(err error) error {
-	if errors.Is(err, ErrFlightGone) {
-		return ErrFlightGone
+// writeEnded acts on how an owner's write op ended, err being the final write's error or
+// an append's refusal. A refused write (another owner holds the flight: ErrLeaseLost, or
+// Redis lost it: ErrFlightGone) is an event. After any other failure of a final write, or
+// when Redis lost the flight, it may look running with nobody renewing it: the alive
+// messages say its token gone.
+func (g *Group) writeEnded(o ownership, key, op string, err error) {
+	if err == nil {
+		return
 	}
-	return nil
+	if !errors.Is(err, ErrLeaseLost) {
+		o.abandon()
+	}
+	switch {
+	case errors.Is(err, ErrLeaseLost):
+		g.observe(Event{Kind: EventFencedWrite, Key: key, Op: op})
+	case errors.Is(err, ErrFlightGone):
+		g.observe(Event{Kind: EventFencedWrite, Key: key, Op: op, Err: ErrFlightGone})
+	}
 }
 
 func writeTimeout(g *Group) time.Duration {

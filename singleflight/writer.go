@@ -184,14 +184,13 @@ func (w *Writer) flush() bool {
 			w.inflight = nil
 			w.mu.Unlock()
 			if errors.Is(err, ErrFlightGone) {
-				w.o.abandon() // followers elsewhere stop waiting on this instance's word
-				w.g.observe(Event{Kind: EventFencedWrite, Key: w.f.key, Op: "append", Err: ErrFlightGone})
+				w.g.writeEnded(w.o, w.f.key, "append", err)
 			}
 			return false
 		case errors.Is(err, ErrLeaseLost):
 			w.err = ErrLeaseLost
 			w.mu.Unlock()
-			w.g.observe(Event{Kind: EventFencedWrite, Key: w.f.key, Op: "append"})
+			w.g.writeEnded(w.o, w.f.key, "append", err)
 			w.cancel(ErrLeaseLost)
 			return false
 		}
