@@ -197,6 +197,10 @@ type logObserver struct {
 	log  *slog.Logger
 }
 
+// flightGoneRunning is logged when a renewal or an append finds the flight gone from Redis
+// (singleflight.ErrFlightGone) while its call runs.
+const flightGoneRunning = "redis lost a running flight after its lease ran out: its call goes on for this instance's requests only"
+
 func (o *logObserver) Observe(e singleflight.Event) {
 	o.next.Observe(e)
 	switch e.Kind {
@@ -222,12 +226,12 @@ func (o *logObserver) Observe(e singleflight.Event) {
 		o.log.Warn("lease lost: another owner holds the flight; upstream call cancelled", "key", short(e.Key))
 	case singleflight.EventHeartbeatFailed:
 		if errors.Is(e.Err, singleflight.ErrFlightGone) {
-			o.log.Warn("redis lost a running flight after its lease ran out: its call goes on for this instance's requests only", "key", short(e.Key))
+			o.log.Warn(flightGoneRunning, "key", short(e.Key))
 		}
 	case singleflight.EventFencedWrite:
 		if errors.Is(e.Err, singleflight.ErrFlightGone) {
 			if e.Op == "append" {
-				o.log.Warn("redis lost a running flight after its lease ran out: its call goes on for this instance's requests only", "op", e.Op, "key", short(e.Key))
+				o.log.Warn(flightGoneRunning, "op", e.Op, "key", short(e.Key))
 			} else {
 				o.log.Warn("redis lost a running flight after its lease ran out: its answer went to this instance's requests only, and was not stored", "op", e.Op, "key", short(e.Key))
 			}
