@@ -231,11 +231,7 @@ func TestOwnerRestoresLostFlight(t *testing.T) {
 	a, bg, cg := b.group(t, o), b.group(t, o), b.group(t, o)
 	key := uniqueKey()
 	s := newStreamer(3)
-	var calls atomic.Int32
-	fn := func(ctx context.Context, w *Writer) (Result, error) {
-		calls.Add(1)
-		return s.fn(ctx, w)
-	}
+	fn := s.fn
 	ra, _ := a.Do(key, false, fn)
 	ownerOut := readStream(context.Background(), ra)
 	<-s.first
@@ -258,7 +254,7 @@ func TestOwnerRestoresLostFlight(t *testing.T) {
 			t.Errorf("%s got (%q, %v); want (%q, nil)", name, out.body, out.err, s.transcript())
 		}
 	}
-	if n := calls.Load(); n != 1 {
+	if n := s.calls.Load(); n != 1 {
 		t.Fatalf("%d upstream calls; want 1", n)
 	}
 }
@@ -374,14 +370,7 @@ func TestOwnerKeepsItsCallWhenRedisLostFlightPastLease(t *testing.T) {
 					return Result{}, context.Cause(ctx)
 				}
 			}
-			led := make(chan *Reader, 1)
-			go func() {
-				r, err := a.DoWith(key, CallOptions{Inline: !stream}, fn)
-				if err != nil {
-					t.Error(err)
-				}
-				led <- r
-			}()
+			led := doAsync(t, a, key, CallOptions{Inline: !stream}, fn)
 			<-running
 			local, err := a.Do(key, false, fn)
 			if err != nil {
@@ -432,25 +421,14 @@ func TestNoDegradedCallForCallersWithBytes(t *testing.T) {
 	a, other := b.group(t, o), b.group(t, o)
 	key := uniqueKey()
 	s := newStreamer(3)
-	var calls atomic.Int32
-	fn := func(ctx context.Context, w *Writer) (Result, error) {
-		calls.Add(1)
-		return s.fn(ctx, w)
-	}
+	fn := s.fn
 	ra, err := a.Do(key, false, fn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ra.Close()
 	<-s.first
-	rb, err := other.Do(key, false, fn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if _, err := rb.Next(ctx); err != nil {
-		t.Fatalf("follower's first chunk: %v", err)
-	}
+	rb := firstChunk(t, other, key, fn)
 	srv.Stop()
 	out := readWithin(rb, 10*time.Second)
 	if out.err == nil {
@@ -458,7 +436,7 @@ func TestNoDegradedCallForCallersWithBytes(t *testing.T) {
 	}
 	waitCond(t, 10*time.Second, "the follower's flight ends", func() bool { return other.flightRole(key) == RoleUnknown })
 	close(s.hold)
-	if n := calls.Load(); n != 1 {
+	if n := s.calls.Load(); n != 1 {
 		t.Fatalf("%d upstream calls; want 1 (no call for a caller that already has bytes of another)", n)
 	}
 }
@@ -562,14 +540,8 @@ func TestFollowersElsewhereToldWhenFlightIsGone(t *testing.T) {
 	<-first
 	heard := make(chan struct{}, 100)
 	other.hooks.aliveHeard = func() { heard <- struct{}{} }
-	rb, err := other.Do(key, false, fn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rb := firstChunk(t, other, key, fn)
 	ctx := context.Background()
-	if _, err := rb.Next(ctx); err != nil {
-		t.Fatalf("follower's first chunk: %v", err)
-	}
 	<-heard // the follower waits on a's alive messages
 	rn := a.remote.renewer
 	var owned *remoteOwnership
@@ -608,4 +580,17 @@ func TestFollowersElsewhereToldWhenFlightIsGone(t *testing.T) {
 	if out.err == nil || errors.Is(out.err, context.DeadlineExceeded) || waited > a.opts.HeartbeatInterval+a.opts.LeaseTTL/2 {
 		t.Fatalf("the follower elsewhere ended after %v with (%q, %v); want an error within an interval and a half lease", waited, out.body, out.err)
 	}
+}
+
+// firstChunk joins key's flight on g and reads its first chunk.
+func firstChunk(t *testing.T, g *Group, key string, fn Func) *Reader {
+	t.Helper()
+	r, err := g.Do(key, false, fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Next(context.Background()); err != nil {
+		t.Fatalf("first chunk: %v", err)
+	}
+	return r
 }

@@ -200,14 +200,7 @@ func TestInlineOwnerGetsItsOwnFailureAtOnce(t *testing.T) {
 				body := []byte("call " + strconv.Itoa(n))
 				return Result{Head: Head{Status: 500}, Body: body, Outcome: Retry}, nil
 			}
-			led := make(chan *Reader, 1)
-			go func() {
-				r, err := g.DoWith(key, CallOptions{Inline: true}, fn)
-				if err != nil {
-					t.Error(err)
-				}
-				led <- r
-			}()
+			led := doAsync(t, g, key, CallOptions{Inline: true}, fn)
 			if n := <-running; n != 1 {
 				t.Fatalf("call %d ran first", n)
 			}
@@ -317,14 +310,7 @@ func TestInlineCallerLeadsOnItsGoroutine(t *testing.T) {
 				onCaller.Store(strings.Contains(string(buf[:runtime.Stack(buf, false)]), "(*Group).DoWith("))
 				return rp.fn(ctx, w)
 			})
-			led := make(chan *Reader, 1)
-			go func() {
-				r, err := g.DoWith(key, CallOptions{Inline: true}, fn)
-				if err != nil {
-					t.Error(err)
-				}
-				led <- r
-			}()
+			led := doAsync(t, g, key, CallOptions{Inline: true}, fn)
 			<-running
 			joiner, err := g.Do(key, false, rp.fn)
 			if err != nil {

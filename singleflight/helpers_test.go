@@ -165,6 +165,20 @@ func (r *recorder) count(k EventKind) int {
 	return n
 }
 
+// doAsync calls g.DoWith on a goroutine of its own (an Inline caller leads its flight on
+// it) and hands over its reader when DoWith returns.
+func doAsync(t *testing.T, g *Group, key string, o CallOptions, fn Func) <-chan *Reader {
+	led := make(chan *Reader, 1)
+	go func() {
+		r, err := g.DoWith(key, o, fn)
+		if err != nil {
+			t.Error(err)
+		}
+		led <- r
+	}()
+	return led
+}
+
 // waitMatch waits until an event that match accepts was observed.
 func (r *recorder) waitMatch(t testing.TB, what string, match func(Event) bool, timeout time.Duration) {
 	t.Helper()

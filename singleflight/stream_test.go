@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ type streamer struct {
 	events int
 	hold   chan struct{}
 	first  chan struct{} // closed once the first event was written
+	calls  atomic.Int32  // calls of fn
 }
 
 func newStreamer(events int) *streamer {
@@ -32,6 +34,7 @@ func (s *streamer) transcript() string {
 }
 
 func (s *streamer) fn(ctx context.Context, w *Writer) (Result, error) {
+	s.calls.Add(1)
 	w.WriteHead(Head{Status: 200, Header: map[string][]string{"Content-Type": {"text/event-stream"}}})
 	for i := range s.events {
 		if i == s.events-1 {
