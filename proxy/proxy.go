@@ -40,7 +40,10 @@ type Config struct {
 	Upstream *url.URL
 	// APIKey, if set, replaces the client's Authorization on upstream calls.
 	APIKey string
-	// Transport makes upstream calls. If nil, NewTransport() is used.
+	// Transport makes upstream calls. If nil, NewTransport() is used. An *http.Transport
+	// makes the owners' calls to a plain-HTTP upstream through a leaner HTTP/1.1 client of
+	// this package's (see h1Transport), with its dialer and idle limits; any other
+	// RoundTripper makes every call.
 	Transport http.RoundTripper
 	// Timeout bounds a passed-through or bypassing request (deduplicated calls are bounded
 	// by the Flights' own timeout). If zero, 10m is used.
@@ -87,6 +90,7 @@ type Proxy struct {
 	router   chi.Router
 	posts    map[string]http.Handler // the deduplicated routes, by literal path
 	pass     http.Handler
+	calls    http.RoundTripper // owners' calls
 	draining atomic.Bool
 }
 
@@ -124,7 +128,10 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	p := &Proxy{cfg: cfg}
+	p := &Proxy{cfg: cfg, calls: cfg.Transport}
+	if t, ok := cfg.Transport.(*http.Transport); ok {
+		p.calls = newH1Transport(t)
+	}
 	pass := NewPassthrough(cfg.Upstream, cfg.APIKey, cfg.Transport)
 	pass.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)
 	p.pass = Timeout(cfg.Timeout)(pass)
@@ -173,6 +180,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Drain makes /readyz answer 503, so that a load balancer stops sending new requests while
 // the server finishes the ones it has.
 func (p *Proxy) Drain() { p.draining.Store(true) }
+
+// CloseIdleConnections closes the upstream connections kept for the next call, at shutdown.
+func (p *Proxy) CloseIdleConnections() {
+	if c, ok := p.calls.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+	if c, ok := p.cfg.Transport.(interface{ CloseIdleConnections() }); ok && p.cfg.Transport != p.calls {
+		c.CloseIdleConnections()
+	}
+}
 
 func (p *Proxy) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

@@ -14,8 +14,9 @@ import (
 )
 
 // dropRequestHeaders are not forwarded by an owner: hop-by-hop headers, the proxy's own
-// controls, and Accept-Encoding (the transport asks for gzip itself and decompresses, so
-// that the bytes shared with followers are plain whatever each of them accepts).
+// controls, and Accept-Encoding (over HTTPS the transport asks for gzip itself and
+// decompresses, over plain HTTP it asks for nothing, so that the bytes shared with
+// followers are plain whatever each of them accepts).
 var dropRequestHeaders = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Accept-Encoding",
@@ -71,7 +72,7 @@ func (p *Proxy) ownerFunc(route, key string, r *http.Request, body []byte, strea
 		}
 		out.Header = p.forwardHeader(r.Header)
 		out.ContentLength = int64(len(body))
-		resp, err := p.cfg.Transport.RoundTrip(out)
+		resp, err := p.calls.RoundTrip(out)
 		if err != nil {
 			p.cfg.Recorder.Upstream(route, 0, time.Since(start))
 			p.logFailure(route, key, err)

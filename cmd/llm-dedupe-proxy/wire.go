@@ -138,7 +138,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 				logger.Warn("shutdown: flights released to other instances", "err", err)
 				err = nil
 			}
-			transport.CloseIdleConnections()
+			p.CloseIdleConnections()
 			for _, c := range clients {
 				err = errors.Join(err, c.Close())
 			}
