@@ -4,6 +4,8 @@ package proxy
 
 import "net"
 
-// alive cannot look at a socket here without reading it: a connection the upstream closed
-// fails the call that takes it.
-func alive(net.Conn) bool { return true }
+// checkable: here a socket cannot be looked at without reading it, so no connection is
+// kept for another call.
+func checkable(net.Conn) bool { return false }
+
+func alive(net.Conn) bool { return false }

@@ -2,13 +2,16 @@ package proxy
 
 import (
 	"bufio"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,21 +24,23 @@ import (
 // at once; an owner has its whole body in memory before it calls, and an idle connection is
 // checked when it is taken instead. With ten thousand calls in flight over HTTP/1.1 (one
 // connection each) that is twenty thousand goroutines fewer, and an idle connection holds
-// no buffer. Everything else (HTTPS, where HTTP/2 carries many calls on one connection, and
-// an upstream reached through a proxy from HTTP_PROXY) goes to the fallback.
+// no buffer. Everything else goes to the fallback, net/http's: HTTPS (where HTTP/2 carries
+// many calls on one connection), an upstream reached through a proxy from HTTP_PROXY, and a
+// body larger than maxInlineBody, which might not fit the sockets' buffers and so is sent
+// while the answer is read, in case the upstream answers before it has read it all.
 //
 // It never sends a request twice: a POST is not idempotent, and net/http does not either
 // once the request may have reached the upstream. A kept connection the upstream closed
 // is found before it is used (alive); one closed in the microseconds after that fails the
-// attempt, and the flight's retry policy decides, as with net/http.
-// Unlike net/http it does not ask for gzip: the answer comes as the upstream sends it
-// unasked, which for an OpenAI-style server is plain.
+// attempt, and the flight's retry policy decides, as with net/http. Like net/http it asks
+// for gzip and hands on the answer decompressed.
 type h1Transport struct {
 	fallback *http.Transport
 	// maxIdle bounds the idle connections kept per host; idleTimeout closes one unused for
-	// that long. Both are the fallback's.
+	// that long; maxHeader bounds an answer's head. All are the fallback's.
 	maxIdle     int
 	idleTimeout time.Duration
+	maxHeader   int64
 
 	mu   sync.Mutex
 	idle map[string][]*h1Conn // by host:port, most recently used last
@@ -43,13 +48,21 @@ type h1Transport struct {
 
 var _ http.RoundTripper = (*h1Transport)(nil)
 
+// maxInlineBody is the largest request body written before the answer is read: a fresh
+// TCP connection's send buffer and the peer's first receive window take at least this
+// much on Linux, so the write does not wait for the upstream to read.
+const maxInlineBody = 64 << 10
+
 func newH1Transport(fallback *http.Transport) *h1Transport {
-	t := &h1Transport{fallback: fallback, maxIdle: fallback.MaxIdleConnsPerHost, idleTimeout: fallback.IdleConnTimeout, idle: map[string][]*h1Conn{}}
+	t := &h1Transport{fallback: fallback, maxIdle: fallback.MaxIdleConnsPerHost, idleTimeout: fallback.IdleConnTimeout, maxHeader: fallback.MaxResponseHeaderBytes, idle: map[string][]*h1Conn{}}
 	if t.maxIdle <= 0 {
 		t.maxIdle = http.DefaultMaxIdleConnsPerHost
 	}
 	if t.idleTimeout <= 0 {
 		t.idleTimeout = 90 * time.Second
+	}
+	if t.maxHeader <= 0 {
+		t.maxHeader = 10 << 20 // net/http's default
 	}
 	return t
 }
@@ -58,9 +71,31 @@ func newH1Transport(fallback *http.Transport) *h1Transport {
 type h1Conn struct {
 	addr string
 	nc   net.Conn
+	lr   limitReader // what br reads: nc, bounded while an answer's head is read
 	br   *bufio.Reader
+	// checkable is whether alive can tell if the upstream closed the connection while it
+	// was kept; one it cannot is never kept.
+	checkable bool
 	// idle closes the connection when it stayed in the pool for idleTimeout.
 	idle *time.Timer
+}
+
+// limitReader reads r, at most n bytes.
+type limitReader struct {
+	r net.Conn
+	n int64
+}
+
+var errHeaderTooLarge = errors.New("proxy: upstream answer's head too large")
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		return 0, errHeaderTooLarge
+	}
+	p = p[:min(int64(len(p)), l.n)]
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	return n, err
 }
 
 var (
@@ -75,32 +110,47 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return t.fallback.RoundTrip(req)
 	}
 	ctx := req.Context()
-	addr := hostPort(req)
-	if err := ctx.Err(); err != nil {
-		return nil, context.Cause(ctx)
-	}
-	c, err := t.get(ctx, addr)
-	if err != nil {
-		return nil, err
-	}
-	// Cancelling the call closes its connection: a blocked write or read returns.
-	stop := context.AfterFunc(ctx, func() { c.nc.Close() })
-	resp, err := c.call(req)
-	if err != nil {
-		stop()
-		c.close()
+	fail := func(err error) (*http.Response, error) {
+		if req.Body != nil {
+			req.Body.Close()
+		}
 		if ctx.Err() != nil {
-			return nil, context.Cause(ctx)
+			err = context.Cause(ctx)
 		}
 		return nil, err
 	}
-	resp.Body = &h1Body{t: t, c: c, r: resp.Body, stop: stop, keep: !resp.Close && !req.Close}
+	if err := ctx.Err(); err != nil {
+		return fail(err)
+	}
+	c, err := t.get(ctx, hostPort(req))
+	if err != nil {
+		return fail(err)
+	}
+	// Cancelling the call closes its connection: a blocked write or read returns.
+	stop := context.AfterFunc(ctx, func() { c.nc.Close() })
+	gz := !t.fallback.DisableCompression
+	resp, err := c.call(req, gz, t.maxHeader)
+	if err != nil {
+		stop()
+		c.nc.Close()
+		return fail(err)
+	}
+	b := &h1Body{t: t, c: c, r: resp.Body, stop: stop, keep: c.checkable && !resp.Close && !req.Close}
+	resp.Body = b
+	if gz && strings.EqualFold(resp.Header.Get("Content-Encoding"), "gzip") {
+		resp.Body = &gunzip{b: b}
+		resp.Header.Del("Content-Encoding")
+		resp.Header.Del("Content-Length")
+		resp.ContentLength = -1
+		resp.Uncompressed = true
+	}
 	return resp, nil
 }
 
-// handles is whether a request is one h1Transport makes: plain HTTP, no proxy between.
+// handles is whether a request is one h1Transport makes: plain HTTP, no proxy between,
+// a body that fits the sockets' buffers.
 func (t *h1Transport) handles(req *http.Request) bool {
-	if req.URL.Scheme != "http" {
+	if req.URL.Scheme != "http" || req.ContentLength < 0 || req.ContentLength > maxInlineBody {
 		return false
 	}
 	if t.fallback.Proxy != nil {
@@ -119,9 +169,15 @@ func hostPort(req *http.Request) string {
 	return net.JoinHostPort(req.URL.Hostname(), port)
 }
 
-// call writes req and reads the answer's head. Informational answers (100 Continue, 103
-// Early Hints) are skipped, as net/http does.
-func (c *h1Conn) call(req *http.Request) (*http.Response, error) {
+// call writes req and reads the answer's head, of at most maxHeader bytes. Informational
+// answers (100 Continue, 103 Early Hints) are skipped, as net/http does.
+func (c *h1Conn) call(req *http.Request, gz bool, maxHeader int64) (*http.Response, error) {
+	if gz {
+		r := *req
+		r.Header = req.Header.Clone()
+		r.Header.Set("Accept-Encoding", "gzip")
+		req = &r
+	}
 	bw := h1Writers.Get().(*bufio.Writer)
 	bw.Reset(c.nc)
 	err := req.Write(bw)
@@ -133,6 +189,8 @@ func (c *h1Conn) call(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: writing the upstream request: %w", err)
 	}
+	c.lr.n = maxHeader
+	defer func() { c.lr.n = math.MaxInt64 }()
 	for range 5 {
 		resp, err := http.ReadResponse(c.br, req)
 		if err != nil {
@@ -161,10 +219,10 @@ func (t *h1Transport) get(ctx context.Context, addr string) (*h1Conn, error) {
 		conns[len(conns)-1] = nil
 		t.idle[addr] = conns[:len(conns)-1]
 		t.mu.Unlock()
+		// Should its timer fire now, expire finds c gone from the list.
 		c.idle.Stop()
 		if alive(c.nc) {
-			c.br = h1Readers.Get().(*bufio.Reader)
-			c.br.Reset(c.nc)
+			c.takeReader()
 			return c, nil
 		}
 		c.nc.Close()
@@ -177,27 +235,35 @@ func (t *h1Transport) get(ctx context.Context, addr string) (*h1Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	br := h1Readers.Get().(*bufio.Reader)
-	br.Reset(nc)
-	return &h1Conn{addr: addr, nc: nc, br: br}, nil
+	c := &h1Conn{addr: addr, nc: nc, lr: limitReader{r: nc, n: math.MaxInt64}, checkable: checkable(nc)}
+	c.takeReader()
+	return c, nil
 }
 
-// put keeps c for the next call to its host, or closes it when enough are kept.
+// put keeps c for the next call to its host. When enough are kept it drops the one unused
+// longest, the likeliest to have been closed by the upstream meanwhile.
 func (t *h1Transport) put(c *h1Conn) {
-	c.releaseReader()
+	c.br.Reset(nil)
+	h1Readers.Put(c.br)
+	c.br = nil
+	var drop *h1Conn
 	t.mu.Lock()
-	if len(t.idle[c.addr]) >= t.maxIdle {
-		t.mu.Unlock()
-		c.nc.Close()
-		return
+	conns := t.idle[c.addr]
+	if len(conns) >= t.maxIdle {
+		drop = conns[0]
+		conns = append(conns[:0], conns[1:]...)
 	}
-	t.idle[c.addr] = append(t.idle[c.addr], c)
+	t.idle[c.addr] = append(conns, c)
 	if c.idle == nil {
 		c.idle = time.AfterFunc(t.idleTimeout, func() { t.expire(c) })
 	} else {
 		c.idle.Reset(t.idleTimeout)
 	}
 	t.mu.Unlock()
+	if drop != nil {
+		drop.idle.Stop()
+		drop.nc.Close()
+	}
 }
 
 // expire closes c if it is still kept unused.
@@ -217,27 +283,21 @@ func (t *h1Transport) expire(c *h1Conn) {
 // CloseIdleConnections closes the connections kept unused, and the fallback's.
 func (t *h1Transport) CloseIdleConnections() {
 	t.mu.Lock()
-	for addr, conns := range t.idle {
+	idle := t.idle
+	t.idle = map[string][]*h1Conn{}
+	t.mu.Unlock()
+	for _, conns := range idle {
 		for _, c := range conns {
 			c.idle.Stop()
 			c.nc.Close()
 		}
-		delete(t.idle, addr)
 	}
-	t.mu.Unlock()
 	t.fallback.CloseIdleConnections()
 }
 
-// close closes c's connection. Its reader is left to the collector, not pooled: a read
-// may still be using it.
-func (c *h1Conn) close() { c.nc.Close() }
-
-func (c *h1Conn) releaseReader() {
-	if c.br != nil {
-		c.br.Reset(nil)
-		h1Readers.Put(c.br)
-		c.br = nil
-	}
+func (c *h1Conn) takeReader() {
+	c.br = h1Readers.Get().(*bufio.Reader)
+	c.br.Reset(&c.lr)
 }
 
 // h1Body is an answer's body. The first of its end (the connection is kept if the answer
@@ -273,10 +333,33 @@ func (b *h1Body) end(whole bool) {
 	if !b.done.CompareAndSwap(false, true) {
 		return
 	}
-	// stop fails once the call's context ended: the connection is closed or closing.
+	// stop fails once the call's context ended: the connection is closed or closing. Its
+	// reader is then left to the collector, not pooled: a read may still be using it.
 	if b.stop() && whole && b.keep && b.c.br.Buffered() == 0 {
 		b.t.put(b.c)
 		return
 	}
-	b.c.close()
+	b.c.nc.Close()
 }
+
+// gunzip decompresses a gzip answer, as net/http's transport does for the gzip it asked
+// for.
+type gunzip struct {
+	b  *h1Body
+	zr *gzip.Reader
+}
+
+func (g *gunzip) Read(p []byte) (int, error) {
+	if g.zr == nil {
+		zr, err := gzip.NewReader(g.b)
+		if err != nil {
+			return 0, err
+		}
+		g.zr = zr
+	}
+	// gzip.Reader reads on to the body's end, looking for another member, before it
+	// answers io.EOF, so a whole answer's connection is kept.
+	return g.zr.Read(p)
+}
+
+func (g *gunzip) Close() error { return g.b.Close() }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"compress/gzip"
 	"context"
 	"errors"
 	"io"
@@ -272,11 +273,16 @@ func TestH1DoesNotKeepAConnectionWhoseAnswerEndedIt(t *testing.T) {
 		"HTTP/1.0":          "HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello",
 	} {
 		t.Run(name, func(t *testing.T) {
-			u, accepted := rawUpstream(t, reply, true)
+			// The upstream leaves a connection open after its answer unless the answer
+			// has no length; the client must close it.
+			u, accepted := rawUpstream(t, reply, name == "body until close")
 			h := newTestH1(t)
 			for range 2 {
 				if got := readAll(t, h1Post(t.Context(), t, h, u, "x")); got != "hello" {
 					t.Fatalf("got %q; want %q", got, "hello")
+				}
+				if n := h.kept(); n != 0 {
+					t.Fatalf("%d connections kept after an answer that ended its connection", n)
 				}
 			}
 			if n := accepted.Load(); n != 2 {
@@ -301,9 +307,7 @@ func TestH1ExpiresIdleConnections(t *testing.T) {
 	h.idleTimeout = 10 * time.Millisecond
 	readAll(t, h1Post(t.Context(), t, h, s.URL, "x"))
 	s.waitClosed(t)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if n := len(h.idle[hostPort(&http.Request{URL: mustURL(t, s.URL)})]); n != 0 {
+	if n := h.kept(); n != 0 {
 		t.Fatalf("%d connections still kept after their idle timeout", n)
 	}
 }
@@ -326,8 +330,8 @@ func TestH1KeepsAtMostMaxIdlePerHost(t *testing.T) {
 	close(release)
 	wg.Wait()
 	s.waitClosed(t)
-	if n := s.opened.Load(); n != 2 {
-		t.Fatalf("the upstream saw %d connections; want 2", n)
+	if n := h.kept(); n != 1 {
+		t.Fatalf("%d connections kept; want 1", n)
 	}
 }
 
@@ -381,6 +385,132 @@ func TestH1HoldsNoGoroutinePerConnection(t *testing.T) {
 	withH1, withNetHTTP := count(newTestH1(t)), count(tr)
 	if d := withNetHTTP - withH1; d < 2*calls-calls/4 {
 		t.Fatalf("%d goroutines with net/http's transport, %d with h1Transport, for %d calls: want about %d fewer", withNetHTTP, withH1, calls, 2*calls)
+	}
+}
+
+// kept counts the connections h keeps for the next call.
+func (t *h1Transport) kept() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, conns := range t.idle {
+		n += len(conns)
+	}
+	return n
+}
+
+func TestH1DecompressesTheGzipItAskedFor(t *testing.T) {
+	const answer = `{"choices":[{"message":{"content":"hi"}}]}`
+	s := startH1Server(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Accept-Encoding") != "gzip" {
+			w.Write([]byte(answer))
+			return
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		zw.Write([]byte(answer))
+		zw.Close()
+	})
+	h := newTestH1(t)
+	for range 2 {
+		resp := h1Post(t.Context(), t, h, s.URL, "x")
+		if got := readAll(t, resp); got != answer || resp.Header.Get("Content-Encoding") != "" || !resp.Uncompressed {
+			t.Fatalf("got %q, Content-Encoding %q, Uncompressed %v; want %q decompressed", got, resp.Header.Get("Content-Encoding"), resp.Uncompressed, answer)
+		}
+	}
+	if n := s.opened.Load(); n != 1 {
+		t.Fatalf("the upstream saw %d connections for two gzip answers; want 1", n)
+	}
+}
+
+// TestH1HandsALargeBodyToTheFallback: an upstream may answer before it read a body, then
+// close; net/http reads that answer while it writes.
+func TestH1HandsALargeBodyToTheFallback(t *testing.T) {
+	s := startH1Server(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "too large", http.StatusRequestEntityTooLarge) // without reading the body
+	})
+	resp := h1Post(t.Context(), t, newTestH1(t), s.URL, strings.Repeat("x", 4<<20))
+	readAll(t, resp)
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("got %d; want the upstream's 413", resp.StatusCode)
+	}
+	h := newTestH1(t)
+	for n, want := range map[int]bool{maxInlineBody: true, maxInlineBody + 1: false} {
+		req, _ := http.NewRequest(http.MethodPost, s.URL, strings.NewReader(strings.Repeat("x", n)))
+		if got := h.handles(req); got != want {
+			t.Errorf("handles(a body of %d bytes) = %v; want %v", n, got, want)
+		}
+	}
+}
+
+// wrapped is a dialer's own connection type.
+type wrapped struct{ net.Conn }
+
+type unwrappable struct{ net.Conn }
+
+func (u unwrappable) NetConn() net.Conn { return u.Conn }
+
+func TestH1KeepsOnlyConnectionsItCanCheck(t *testing.T) {
+	for name, wrap := range map[string]func(net.Conn) net.Conn{
+		"wrapped":              func(c net.Conn) net.Conn { return wrapped{c} },
+		"wrapped with NetConn": func(c net.Conn) net.Conn { return unwrappable{c} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := startH1Server(t, echo)
+			tr := NewTransport()
+			dial := tr.DialContext
+			tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := dial(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return wrap(c), nil
+			}
+			h := newH1Transport(tr)
+			t.Cleanup(h.CloseIdleConnections)
+			readAll(t, h1Post(t.Context(), t, h, s.URL, "x"))
+			s.CloseClientConnections() // what a kept connection may meet
+			want := 0
+			if name == "wrapped with NetConn" {
+				want = 1
+				s.waitClosed(t)
+			}
+			if n := h.kept(); n != want {
+				t.Fatalf("%d connections kept; want %d", n, want)
+			}
+			if got := readAll(t, h1Post(t.Context(), t, h, s.URL, "y")); got != "y" {
+				t.Fatalf("got %q; want %q", got, "y")
+			}
+		})
+	}
+}
+
+func TestH1BoundsTheAnswersHead(t *testing.T) {
+	u, _ := rawUpstream(t, "HTTP/1.1 200 OK\r\nX-Big: "+strings.Repeat("b", 4096)+"\r\nContent-Length: 2\r\n\r\nok", false)
+	h := newTestH1(t)
+	h.maxHeader = 1024
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, u, strings.NewReader("x"))
+	if resp, err := h.RoundTrip(req); !errors.Is(err, errHeaderTooLarge) {
+		if err == nil {
+			resp.Body.Close()
+		}
+		t.Fatalf("got %v; want %v", err, errHeaderTooLarge)
+	}
+	h.maxHeader = 8192
+	req, _ = http.NewRequestWithContext(t.Context(), http.MethodPost, u, strings.NewReader("x"))
+	resp, err := h.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("a head under the limit: %v", err)
+	}
+	if got := readAll(t, resp); got != "ok" {
+		t.Fatalf("got %q; want %q", got, "ok")
+	}
+}
+
+func TestOwnersDoNotForwardExpect(t *testing.T) {
+	h := (&Proxy{}).forwardHeader(http.Header{"Expect": {"100-continue"}, "X-Kept": {"1"}})
+	if h.Get("Expect") != "" || h.Get("X-Kept") != "1" {
+		t.Fatalf("forwarded %v; want X-Kept without Expect", h)
 	}
 }
 

@@ -40,10 +40,10 @@ type Config struct {
 	Upstream *url.URL
 	// APIKey, if set, replaces the client's Authorization on upstream calls.
 	APIKey string
-	// Transport makes upstream calls. If nil, NewTransport() is used. An *http.Transport
-	// makes the owners' calls to a plain-HTTP upstream through a leaner HTTP/1.1 client of
-	// this package's (see h1Transport), with its dialer and idle limits; any other
-	// RoundTripper makes every call.
+	// Transport makes upstream calls. If nil, NewTransport() does, except the owners' calls
+	// to a plain-HTTP upstream, which go through a leaner HTTP/1.1 client of this
+	// package's, with the same dialer and idle limits (see h1Transport). A Transport given
+	// here makes every call, with all its settings.
 	Transport http.RoundTripper
 	// Timeout bounds a passed-through or bypassing request (deduplicated calls are bounded
 	// by the Flights' own timeout). If zero, 10m is used.
@@ -91,6 +91,7 @@ type Proxy struct {
 	posts    map[string]http.Handler // the deduplicated routes, by literal path
 	pass     http.Handler
 	calls    http.RoundTripper // owners' calls
+	h1       *h1Transport      // the owners' client, if Transport was nil
 	draining atomic.Bool
 }
 
@@ -101,8 +102,10 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Upstream == nil || cfg.Flights == nil || cfg.Hasher == nil {
 		return nil, errors.New("proxy: Upstream, Flights and Hasher are required")
 	}
+	var h1 *h1Transport
 	if cfg.Transport == nil {
-		cfg.Transport = NewTransport()
+		t := NewTransport()
+		cfg.Transport, h1 = t, newH1Transport(t)
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Minute
@@ -128,9 +131,9 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	p := &Proxy{cfg: cfg, calls: cfg.Transport}
-	if t, ok := cfg.Transport.(*http.Transport); ok {
-		p.calls = newH1Transport(t)
+	p := &Proxy{cfg: cfg, calls: cfg.Transport, h1: h1}
+	if h1 != nil {
+		p.calls = h1
 	}
 	pass := NewPassthrough(cfg.Upstream, cfg.APIKey, cfg.Transport)
 	pass.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)
@@ -183,10 +186,11 @@ func (p *Proxy) Drain() { p.draining.Store(true) }
 
 // CloseIdleConnections closes the upstream connections kept for the next call, at shutdown.
 func (p *Proxy) CloseIdleConnections() {
-	if c, ok := p.calls.(interface{ CloseIdleConnections() }); ok {
-		c.CloseIdleConnections()
+	if p.h1 != nil {
+		p.h1.CloseIdleConnections() // and its fallback's, Transport
+		return
 	}
-	if c, ok := p.cfg.Transport.(interface{ CloseIdleConnections() }); ok && p.cfg.Transport != p.calls {
+	if c, ok := p.cfg.Transport.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
 }

@@ -14,13 +14,13 @@ import (
 )
 
 // dropRequestHeaders are not forwarded by an owner: hop-by-hop headers, the proxy's own
-// controls, and Accept-Encoding (over HTTPS the transport asks for gzip itself and
-// decompresses, over plain HTTP it asks for nothing, so that the bytes shared with
-// followers are plain whatever each of them accepts).
+// controls, Expect (the whole body is sent at once), and Accept-Encoding (the transport
+// asks for gzip itself and decompresses, so that the bytes shared with followers are
+// plain whatever each of them accepts).
 var dropRequestHeaders = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Accept-Encoding",
-	"Cache-Control", HeaderBypass,
+	"Cache-Control", "Expect", HeaderBypass,
 }
 
 // replayed reports whether an upstream response header describes the response, and so is

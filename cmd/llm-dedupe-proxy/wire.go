@@ -89,11 +89,9 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 	}
 	group := singleflight.New(opts)
 
-	transport := proxy.NewTransport()
 	p, err := proxy.New(proxy.Config{
 		Upstream:         target,
 		APIKey:           cfg.Upstream.APIKey,
-		Transport:        transport,
 		Timeout:          cfg.Upstream.Timeout,
 		IdleTimeout:      cfg.Upstream.IdleTimeout,
 		MaxBodyBytes:     cfg.Limits.MaxBodyBytes,
