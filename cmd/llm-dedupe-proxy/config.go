@@ -20,6 +20,9 @@ type Config struct {
 	Admin           AdminConfig    `mapstructure:"admin"`
 	Log             LogConfig      `mapstructure:"log"`
 	ShutdownTimeout time.Duration  `mapstructure:"shutdown_timeout"`
+	// ShutdownDelay is how long an instance told to stop goes on serving, with /readyz
+	// answering 503, before it stops accepting: the time a load balancer takes to see it.
+	ShutdownDelay time.Duration `mapstructure:"shutdown_delay"`
 }
 
 // UpstreamConfig is the model API every request is sent to.

@@ -37,6 +37,7 @@ func altConfig() Config {
 		Admin:           AdminConfig{Listen: "127.0.0.1:9998", Token: "admin-token-0123456789"},
 		Log:             LogConfig{Level: "debug", Format: "text"},
 		ShutdownTimeout: 5 * time.Second,
+		ShutdownDelay:   2 * time.Second,
 	}
 }
 
@@ -194,6 +195,7 @@ func TestInvalidConfig(t *testing.T) {
 		{"zero attempts", nil, []string{"--flight.max_attempts=0"}, []string{"flight.max_attempts"}},
 		{"not a number", nil, []string{"--limits.max_body_bytes=10MB"}, []string{"limits.max_body_bytes"}},
 		{"negative result TTL", nil, []string{"--flight.result_ttl=-1s"}, []string{"flight.result_ttl"}},
+		{"negative shutdown delay", nil, []string{"--shutdown_delay=-1s"}, []string{"shutdown_delay"}},
 		{"admin without token", nil, []string{"--admin.listen=127.0.0.1:9090"}, []string{"admin.token"}},
 		{"short admin token", nil, []string{"--admin.listen=127.0.0.1:9090", "--admin.token=short"}, []string{"admin.token"}},
 		{"admin on the proxy's address", nil, []string{"--admin.listen=:8080", "--admin.token=0123456789abcdef"}, []string{"admin.listen"}},

@@ -161,6 +161,48 @@ func TestServeFinishesRequestsOnShutdown(t *testing.T) {
 	}
 }
 
+// TestServeGoesOnServingForShutdownDelay: after the signal the instance says it is not
+// ready, yet answers requests, each with its connection closed after it, until the delay
+// ends; then it stops.
+func TestServeGoesOnServingForShutdownDelay(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `{"id":"x"}`)
+	}))
+	defer up.Close()
+	const delay = 3 * time.Second
+	base, stop, msgs := startServeLogs(t, "--upstream.base_url="+up.URL, "--shutdown_delay="+delay.String())
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	stopped := make(chan int, 1)
+	signalled := time.Now()
+	go func() { stopped <- stop() }()
+	waitLogged(t, msgs, "draining: serving on, ready no more")
+
+	res, err := client.Get(base + "/readyz")
+	if err != nil {
+		t.Fatalf("/readyz during the delay: %v", err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("/readyz during the delay: %d; want 503", res.StatusCode)
+	}
+	res, err = client.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m"}`))
+	if err != nil {
+		t.Fatalf("a request during the delay: %v", err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || string(body) != `{"id":"x"}` || !res.Close {
+		t.Errorf("a request during the delay: %d %q, connection closed after it %v; want 200 {\"id\":\"x\"}, closed", res.StatusCode, body, res.Close)
+	}
+	if code := <-stopped; code != 0 {
+		t.Errorf("status %d; want 0", code)
+	}
+	if took := time.Since(signalled); took < delay {
+		t.Errorf("stopped %s after the signal; want at least the delay, %s", took, delay)
+	}
+}
+
 func TestHealthcheck(t *testing.T) {
 	base, stop := startServe(t)
 	listen := "--listen=" + strings.TrimPrefix(base, "http://")

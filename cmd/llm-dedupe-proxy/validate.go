@@ -158,5 +158,8 @@ func validate(cfg Config) error {
 	c.oneOf("log.level", cfg.Log.Level, "debug", "info", "warn", "error")
 	c.oneOf("log.format", cfg.Log.Format, "json", "text")
 	c.positive("shutdown_timeout", cfg.ShutdownTimeout)
+	if cfg.ShutdownDelay < 0 {
+		c.fail("shutdown_delay", "must not be negative, got %s", cfg.ShutdownDelay)
+	}
 	return errors.Join(c.errs...)
 }
