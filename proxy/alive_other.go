@@ -4,8 +4,10 @@ package proxy
 
 import "net"
 
-// checkable: here a socket cannot be looked at without reading it, so no connection is
-// kept for another call.
+// canCheck: here a socket cannot be looked at without reading it, so a kept connection
+// could not be told from one the upstream closed: every call goes through net/http.
+const canCheck = false
+
 func checkable(net.Conn) bool { return false }
 
 func alive(net.Conn) bool { return false }

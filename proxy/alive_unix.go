@@ -8,6 +8,9 @@ import (
 	"syscall"
 )
 
+// canCheck: alive can look at a socket here.
+const canCheck = true
+
 // rawConn is the socket under c: a dialer may wrap the connection it makes.
 func rawConn(c net.Conn) (syscall.RawConn, bool) {
 	for {

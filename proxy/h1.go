@@ -26,8 +26,11 @@ import (
 // connection each) that is twenty thousand goroutines fewer, and an idle connection holds
 // no buffer. Everything else goes to the fallback, net/http's: HTTPS (where HTTP/2 carries
 // many calls on one connection), an upstream reached through a proxy from HTTP_PROXY, and a
-// body larger than maxInlineBody, which might not fit the sockets' buffers and so is sent
-// while the answer is read, in case the upstream answers before it has read it all.
+// request larger than maxInline, whose write might wait for the upstream to read it.
+//
+// An upstream may answer before it has read the whole body (413), then close the
+// connection: the write then fails, and the answer, already received, is read and handed
+// on all the same.
 //
 // It never sends a request twice: a POST is not idempotent, and net/http does not either
 // once the request may have reached the upstream. A kept connection the upstream closed
@@ -48,10 +51,11 @@ type h1Transport struct {
 
 var _ http.RoundTripper = (*h1Transport)(nil)
 
-// maxInlineBody is the largest request body written before the answer is read: a fresh
-// TCP connection's send buffer and the peer's first receive window take at least this
-// much on Linux, so the write does not wait for the upstream to read.
-const maxInlineBody = 64 << 10
+// maxInline is the largest request, head and body, h1Transport writes before it reads the
+// answer. A fresh TCP connection's send buffer took about 67 KiB on Linux's defaults before
+// a write blocked, with a peer reading nothing across a network; a request that fits does
+// not wait for the upstream to read it.
+const maxInline = 48 << 10
 
 func newH1Transport(fallback *http.Transport) *h1Transport {
 	t := &h1Transport{fallback: fallback, maxIdle: fallback.MaxIdleConnsPerHost, idleTimeout: fallback.IdleConnTimeout, maxHeader: fallback.MaxResponseHeaderBytes, idle: map[string][]*h1Conn{}}
@@ -128,7 +132,9 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	// Cancelling the call closes its connection: a blocked write or read returns.
 	stop := context.AfterFunc(ctx, func() { c.nc.Close() })
-	gz := !t.fallback.DisableCompression
+	// Asked for as net/http asks: not for a part of an answer, nor over the caller's own.
+	gz := !t.fallback.DisableCompression && req.Method != http.MethodHead &&
+		req.Header.Get("Range") == "" && req.Header.Get("Accept-Encoding") == ""
 	resp, err := c.call(req, gz, t.maxHeader)
 	if err != nil {
 		stop()
@@ -148,9 +154,9 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // handles is whether a request is one h1Transport makes: plain HTTP, no proxy between,
-// a body that fits the sockets' buffers.
+// small enough to be written at once, on a system where a kept connection can be checked.
 func (t *h1Transport) handles(req *http.Request) bool {
-	if req.URL.Scheme != "http" || req.ContentLength < 0 || req.ContentLength > maxInlineBody {
+	if !canCheck || req.URL.Scheme != "http" || req.ContentLength < 0 || req.ContentLength+headSize(req) > maxInline {
 		return false
 	}
 	if t.fallback.Proxy != nil {
@@ -159,6 +165,17 @@ func (t *h1Transport) handles(req *http.Request) bool {
 		}
 	}
 	return true
+}
+
+// headSize is about what req's head takes on the wire.
+func headSize(req *http.Request) int64 {
+	n := len(req.Method) + len(req.URL.RequestURI()) + len(req.URL.Host) + 64 // request line, Host, User-Agent, Content-Length
+	for k, vs := range req.Header {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return int64(n)
 }
 
 func hostPort(req *http.Request) string {
@@ -172,39 +189,49 @@ func hostPort(req *http.Request) string {
 // call writes req and reads the answer's head, of at most maxHeader bytes. Informational
 // answers (100 Continue, 103 Early Hints) are skipped, as net/http does.
 func (c *h1Conn) call(req *http.Request, gz bool, maxHeader int64) (*http.Response, error) {
+	out := req
 	if gz {
 		r := *req
 		r.Header = req.Header.Clone()
 		r.Header.Set("Accept-Encoding", "gzip")
-		req = &r
+		out = &r
 	}
 	bw := h1Writers.Get().(*bufio.Writer)
 	bw.Reset(c.nc)
-	err := req.Write(bw)
-	if err == nil {
-		err = bw.Flush()
+	werr := out.Write(bw)
+	if werr == nil {
+		werr = bw.Flush()
 	}
 	bw.Reset(nil)
 	h1Writers.Put(bw)
-	if err != nil {
-		return nil, fmt.Errorf("proxy: writing the upstream request: %w", err)
+	if werr != nil {
+		// An answer sent before the upstream closed is in the socket already.
+		c.nc.SetReadDeadline(time.Now().Add(earlyAnswerWait))
+		defer c.nc.SetReadDeadline(time.Time{})
 	}
 	c.lr.n = maxHeader
 	defer func() { c.lr.n = math.MaxInt64 }()
-	for range 5 {
-		resp, err := http.ReadResponse(c.br, req)
-		if err != nil {
-			return nil, fmt.Errorf("proxy: reading the upstream answer: %w", err)
-		}
+	for {
+		resp, err := http.ReadResponse(c.br, out)
 		switch {
+		case err != nil && werr != nil:
+			return nil, fmt.Errorf("proxy: writing the upstream request: %w", werr)
+		case err != nil:
+			return nil, fmt.Errorf("proxy: reading the upstream answer: %w", err)
 		case resp.StatusCode == http.StatusSwitchingProtocols:
 			return nil, errors.New("proxy: upstream switched protocols unasked")
 		case resp.StatusCode >= 200:
+			resp.Request = req
+			resp.Close = resp.Close || werr != nil
 			return resp, nil
 		}
+		// 1xx: the head limit bounds how many.
 	}
-	return nil, errors.New("proxy: upstream sent too many informational answers")
 }
+
+// earlyAnswerWait is how long an answer is looked for after a failed write: it arrived
+// before the upstream closed, so it is there at once or not at all.
+const earlyAnswerWait = 50 * time.Millisecond
 
 // get returns a kept connection to addr that the upstream has not closed, or dials one.
 func (t *h1Transport) get(ctx context.Context, addr string) (*h1Conn, error) {
@@ -345,17 +372,19 @@ func (b *h1Body) end(whole bool) {
 // gunzip decompresses a gzip answer, as net/http's transport does for the gzip it asked
 // for.
 type gunzip struct {
-	b  *h1Body
-	zr *gzip.Reader
+	b   *h1Body
+	zr  *gzip.Reader
+	err error // of the gzip header, kept
 }
 
 func (g *gunzip) Read(p []byte) (int, error) {
 	if g.zr == nil {
-		zr, err := gzip.NewReader(g.b)
-		if err != nil {
-			return 0, err
+		if g.err != nil {
+			return 0, g.err
 		}
-		g.zr = zr
+		if g.zr, g.err = gzip.NewReader(g.b); g.err != nil {
+			return 0, g.err
+		}
 	}
 	// gzip.Reader reads on to the body's end, looking for another member, before it
 	// answers io.EOF, so a whole answer's connection is kept.
