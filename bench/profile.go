@@ -39,7 +39,7 @@ var profileBuckets = []struct{ label, re string }{
 	{"INCR owner-seq (singleflight.(*remote).newToken)", `singleflight\.\(\*remote\)\.newToken$`},
 	{"claim (singleflight.(*remote).claim)", `singleflight\.\(\*remote\)\.claim$`},
 	{"complete (singleflight.(*remoteOwnership).complete)", `singleflight\.\(\*remoteOwnership\)\.complete$`},
-	{"upstream call (proxy ownerFunc, http.Transport loops)", `(proxy\.\(\*Proxy\)\.ownerFunc\.func1|net/http\.\(\*persistConn\)\.(readLoop|writeLoop))$`},
+	{"upstream call (proxy ownerFunc; net/http's connection loops, where used)", `(proxy\.\(\*Proxy\)\.ownerFunc\.func1|net/http\.\(\*persistConn\)\.(readLoop|writeLoop))$`},
 	{"JSON decoding, all (encoding/json.Unmarshal)", `^encoding/json\.Unmarshal$`},
 	{"… usage for the saved-tokens metric (proxy.(*tail).usage)", `proxy\.\(\*tail\)\.usage$`},
 	{"JSON encoding, all (encoding/json.Marshal)", `^encoding/json\.Marshal$`},

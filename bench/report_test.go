@@ -17,7 +17,7 @@ func TestBuckets(t *testing.T) {
 	want := map[string]float64{
 		"HTTP server: read request, handler, write answer (net/http.(*conn).serve)":  47.69,
 		"Redis round trips, every script (go-redis (*Script).Run, (*Pipeline).Exec)": 22.38,
-		"upstream call (proxy ownerFunc, http.Transport loops)":                      7.30 + 4.87,
+		"upstream call (proxy ownerFunc; net/http's connection loops, where used)":   7.30 + 4.87,
 		"system calls, flat (Syscall6)":                                              17.52,
 		"… decoding a hit's stored header (singleflight.decodeHead)":                 2.43,
 	}
