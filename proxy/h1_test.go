@@ -221,15 +221,9 @@ func TestH1ClosesAConnectionLeftMidAnswer(t *testing.T) {
 	}
 }
 
-// rawUpstream answers each connection's first request with reply, then closes it if
-// closeAfter; it counts the connections it accepted.
-func rawUpstream(t *testing.T, reply string, closeAfter bool) (string, *atomic.Int32) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var accepted atomic.Int32
+// serveConns accepts ln's connections until the test ends, each handled on a goroutine of
+// its own and closed after.
+func serveConns(t *testing.T, ln net.Listener, handle func(net.Conn)) {
 	var wg sync.WaitGroup
 	t.Cleanup(wg.Wait)
 	t.Cleanup(func() { ln.Close() })
@@ -239,19 +233,33 @@ func rawUpstream(t *testing.T, reply string, closeAfter bool) (string, *atomic.I
 			if err != nil {
 				return
 			}
-			accepted.Add(1)
 			wg.Go(func() {
 				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				io.Copy(io.Discard, req.Body)
-				io.WriteString(c, reply)
-				if !closeAfter {
-					c.Read(make([]byte, 1)) // until the client closes
-				}
+				handle(c)
 			})
+		}
+	})
+}
+
+// rawUpstream answers each connection's first request with reply, then closes it if
+// closeAfter; it counts the connections it accepted.
+func rawUpstream(t *testing.T, reply string, closeAfter bool) (string, *atomic.Int32) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int32
+	serveConns(t, ln, func(c net.Conn) {
+		accepted.Add(1)
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		io.WriteString(c, reply)
+		if !closeAfter {
+			c.Read(make([]byte, 1)) // until the client closes
 		}
 	})
 	return "http://" + ln.Addr().String(), &accepted
@@ -468,19 +476,9 @@ func TestH1ReadsAnAnswerSentBeforeTheBodyWasRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	t.Cleanup(wg.Wait)
-	t.Cleanup(func() { ln.Close() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
-				io.WriteString(c, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Length: 9\r\n\r\ntoo large")
-			}
-			c.Close()
+	serveConns(t, ln, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+			io.WriteString(c, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Length: 9\r\n\r\ntoo large")
 		}
 	})
 	tr := NewTransport()
