@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strings"
 	"testing"
 	"time"
@@ -162,8 +164,8 @@ func TestServeFinishesRequestsOnShutdown(t *testing.T) {
 }
 
 // TestServeGoesOnServingForShutdownDelay: after the signal the instance says it is not
-// ready, yet answers requests, each with its connection closed after it, until the delay
-// ends; then it stops.
+// ready, yet answers requests until the delay ends, on the connections clients already
+// hold too, each closed after its answer; then it stops.
 func TestServeGoesOnServingForShutdownDelay(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, `{"id":"x"}`)
@@ -173,11 +175,31 @@ func TestServeGoesOnServingForShutdownDelay(t *testing.T) {
 	base, stop, msgs := startServeLogs(t, "--upstream.base_url="+up.URL, "--shutdown_delay="+delay.String())
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()
+	// post sends a request nobody else sends and says whether it went on a kept connection.
+	post := func(i int) (*http.Response, string, bool) {
+		t.Helper()
+		var reused bool
+		ctx := httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{GotConn: func(c httptrace.GotConnInfo) { reused = c.Reused }})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(fmt.Sprintf(`{"model":"m","n":%d}`, i)))
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		return res, string(body), reused
+	}
+	post(0) // a connection kept alive, idle when the signal comes
+
 	stopped := make(chan int, 1)
 	signalled := time.Now()
 	go func() { stopped <- stop() }()
 	waitLogged(t, msgs, "draining: serving on, ready no more")
 
+	res, body, reused := post(1)
+	if res.StatusCode != 200 || body != `{"id":"x"}` || !reused || !res.Close {
+		t.Errorf("a request during the delay: %d %q, on the kept connection %v, closed after it %v; want 200 {\"id\":\"x\"}, true, true", res.StatusCode, body, reused, res.Close)
+	}
 	res, err := client.Get(base + "/readyz")
 	if err != nil {
 		t.Fatalf("/readyz during the delay: %v", err)
@@ -185,15 +207,6 @@ func TestServeGoesOnServingForShutdownDelay(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("/readyz during the delay: %d; want 503", res.StatusCode)
-	}
-	res, err = client.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m"}`))
-	if err != nil {
-		t.Fatalf("a request during the delay: %v", err)
-	}
-	body, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	if res.StatusCode != 200 || string(body) != `{"id":"x"}` || !res.Close {
-		t.Errorf("a request during the delay: %d %q, connection closed after it %v; want 200 {\"id\":\"x\"}, closed", res.StatusCode, body, res.Close)
 	}
 	if code := <-stopped; code != 0 {
 		t.Errorf("status %d; want 0", code)
