@@ -25,12 +25,12 @@ import (
 // checked when it is taken instead. With ten thousand calls in flight over HTTP/1.1 (one
 // connection each) that is twenty thousand goroutines fewer, and an idle connection holds
 // no buffer. Everything else goes to the fallback, net/http's: HTTPS (where HTTP/2 carries
-// many calls on one connection), an upstream reached through a proxy from HTTP_PROXY, and a
-// request larger than maxInline, whose write might wait for the upstream to read it.
+// many calls on one connection) and an upstream reached through a proxy from HTTP_PROXY.
 //
 // An upstream may answer before it has read the whole body (413), then close the
 // connection: the write then fails, and the answer, already received, is read and handed
-// on all the same.
+// on all the same. A request larger than maxInline, whose write might wait for the
+// upstream to read it, is written by a goroutine of its own while the answer is read.
 //
 // It never sends a request twice: a POST is not idempotent, and net/http does not either
 // once the request may have reached the upstream. A kept connection the upstream closed
@@ -51,10 +51,10 @@ type h1Transport struct {
 
 var _ http.RoundTripper = (*h1Transport)(nil)
 
-// maxInline is the largest request, head and body, h1Transport writes before it reads the
-// answer. A fresh TCP connection's send buffer took about 67 KiB on Linux's defaults before
-// a write blocked, with a peer reading nothing across a network; a request that fits does
-// not wait for the upstream to read it.
+// maxInline is the largest request, head and body, h1Transport writes on the calling
+// goroutine before it reads the answer. A fresh TCP connection's send buffer took about 67
+// KiB on Linux's defaults before a write blocked, with a peer reading nothing across a
+// network; a request that fits does not wait for the upstream to read it.
 const maxInline = 48 << 10
 
 func newH1Transport(fallback *http.Transport) *h1Transport {
@@ -82,6 +82,8 @@ type h1Conn struct {
 	checkable bool
 	// idle closes the connection when it stayed in the pool for idleTimeout.
 	idle *time.Timer
+	// wrote has the outcome of a request written by a goroutine of its own.
+	wrote chan error
 }
 
 // limitReader reads r, at most n bytes.
@@ -153,10 +155,10 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// handles is whether a request is one h1Transport makes: plain HTTP, no proxy between,
-// small enough to be written at once, on a system where a kept connection can be checked.
+// handles is whether a request is one h1Transport makes: plain HTTP, no proxy between, a
+// known length, on a system where a kept connection can be checked.
 func (t *h1Transport) handles(req *http.Request) bool {
-	if !canCheck || req.URL.Scheme != "http" || req.ContentLength < 0 || req.ContentLength+headSize(req) > maxInline {
+	if !canCheck || req.URL.Scheme != "http" || req.ContentLength < 0 {
 		return false
 	}
 	if t.fallback.Proxy != nil {
@@ -196,23 +198,27 @@ func (c *h1Conn) call(req *http.Request, gz bool, maxHeader int64) (*http.Respon
 		r.Header.Set("Accept-Encoding", "gzip")
 		out = &r
 	}
-	bw := h1Writers.Get().(*bufio.Writer)
-	bw.Reset(c.nc)
-	werr := out.Write(bw)
-	if werr == nil {
-		werr = bw.Flush()
-	}
-	bw.Reset(nil)
-	h1Writers.Put(bw)
-	if werr != nil {
-		// An answer sent before the upstream closed is in the socket already.
-		c.nc.SetReadDeadline(time.Now().Add(earlyAnswerWait))
-		defer c.nc.SetReadDeadline(time.Time{})
+	var werr error
+	if req.ContentLength+headSize(req) <= maxInline {
+		if werr = c.write(out); werr != nil {
+			// An answer sent before the upstream closed is in the socket already.
+			c.nc.SetReadDeadline(time.Now().Add(earlyAnswerWait))
+			defer c.nc.SetReadDeadline(time.Time{})
+		}
+	} else {
+		c.wrote = make(chan error, 1)
+		go func() { c.wrote <- c.write(out) }()
 	}
 	c.lr.n = maxHeader
 	defer func() { c.lr.n = math.MaxInt64 }()
 	for {
 		resp, err := http.ReadResponse(c.br, out)
+		if err != nil && c.wrote != nil {
+			select {
+			case werr = <-c.wrote: // what ended the read, if it ended the write first
+			default:
+			}
+		}
 		switch {
 		case err != nil && werr != nil:
 			return nil, fmt.Errorf("proxy: writing the upstream request: %w", werr)
@@ -226,6 +232,35 @@ func (c *h1Conn) call(req *http.Request, gz bool, maxHeader int64) (*http.Respon
 			return resp, nil
 		}
 		// 1xx: the head limit bounds how many.
+	}
+}
+
+// write sends req.
+func (c *h1Conn) write(req *http.Request) error {
+	bw := h1Writers.Get().(*bufio.Writer)
+	bw.Reset(c.nc)
+	err := req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	bw.Reset(nil)
+	h1Writers.Put(bw)
+	return err
+}
+
+// sent reports whether the whole request went out, once the answer has been read: a
+// request written by its own goroutine may still be going (the upstream answered before
+// reading it all), and then the connection cannot carry another.
+func (c *h1Conn) sent() bool {
+	if c.wrote == nil {
+		return true
+	}
+	select {
+	case err := <-c.wrote:
+		c.wrote = nil
+		return err == nil
+	default:
+		return false
 	}
 }
 
@@ -362,7 +397,7 @@ func (b *h1Body) end(whole bool) {
 	}
 	// stop fails once the call's context ended: the connection is closed or closing. Its
 	// reader is then left to the collector, not pooled: a read may still be using it.
-	if b.stop() && whole && b.keep && b.c.br.Buffered() == 0 {
+	if b.stop() && whole && b.keep && b.c.br.Buffered() == 0 && b.c.sent() {
 		b.t.put(b.c)
 		return
 	}

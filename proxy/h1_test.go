@@ -432,39 +432,42 @@ func TestH1DecompressesTheGzipItAskedFor(t *testing.T) {
 	}
 }
 
-// TestH1HandsALargeRequestToTheFallback: its write might wait for the upstream to read.
-func TestH1HandsALargeRequestToTheFallback(t *testing.T) {
+// TestH1WritesALargeRequestWhileReading: a request larger than maxInline is written by a
+// goroutine of its own, so that an answer before the upstream read it all is not waited
+// for; when the whole request went out, its connection is kept.
+func TestH1WritesALargeRequestWhileReading(t *testing.T) {
 	s := startH1Server(t, func(w http.ResponseWriter, r *http.Request) {
-		http.Error(w, "too large", http.StatusRequestEntityTooLarge) // without reading the body
+		if r.URL.Query().Has("refuse") {
+			http.Error(w, "too large", http.StatusRequestEntityTooLarge) // without reading the body
+			return
+		}
+		echo(w, r)
 	})
-	resp := h1Post(t.Context(), t, newTestH1(t), s.URL, strings.Repeat("x", 4<<20))
+	h := newTestH1(t)
+	body := strings.Repeat("x", 4<<20)
+	for i := range 2 {
+		if got := readAll(t, h1Post(t.Context(), t, h, s.URL, body)); got != body {
+			t.Fatalf("call %d: got %d bytes back; want the %d sent", i, len(got), len(body))
+		}
+	}
+	if n := s.opened.Load(); n != 1 {
+		t.Fatalf("the upstream saw %d connections for two large calls one after another; want 1", n)
+	}
+	resp := h1Post(t.Context(), t, h, s.URL+"?refuse", body)
 	readAll(t, resp)
 	if resp.StatusCode != http.StatusRequestEntityTooLarge {
 		t.Fatalf("got %d; want the upstream's 413", resp.StatusCode)
 	}
-	h := newTestH1(t)
-	for _, c := range []struct {
-		name         string
-		body, header int
-		want         bool
-	}{
-		{"small", 1 << 10, 0, true},
-		{"a body of maxInline", maxInline, 0, false},
-		{"a small body under a large head", 1 << 10, maxInline, false},
-	} {
-		req, _ := http.NewRequest(http.MethodPost, s.URL, strings.NewReader(strings.Repeat("x", c.body)))
-		req.Header.Set("X-Large", strings.Repeat("h", c.header))
-		if got := h.handles(req); got != c.want {
-			t.Errorf("handles(%s) = %v; want %v", c.name, got, c.want)
-		}
+	s.waitClosed(t) // the refused request's: not all of it went out
+	if n := h.kept(); n != 0 {
+		t.Fatalf("%d connections kept; want none: the refused request was not all sent", n)
 	}
 }
 
-// TestH1ReadsAnAnswerSentBeforeTheBodyWasRead: an upstream reads a request's head, answers
-// 413 and closes, with the body unread: its system resets the connection, and the rest of
-// the write fails. Small socket buffers on both sides make the write wait for the upstream
-// to read, as across a network. The answer, received before the reset, is handed on.
-func TestH1ReadsAnAnswerSentBeforeTheBodyWasRead(t *testing.T) {
+// tinyBuffers returns a loopback listener and an h1Transport whose sockets have small
+// buffers, so that a write waits for the upstream to read, as across a network.
+func tinyBuffers(t *testing.T) (net.Listener, *h1Transport) {
+	t.Helper()
 	small := func(_, _ string, c syscall.RawConn) error {
 		var err error
 		c.Control(func(fd uintptr) {
@@ -476,11 +479,6 @@ func TestH1ReadsAnAnswerSentBeforeTheBodyWasRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serveConns(t, ln, func(c net.Conn) {
-		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
-			io.WriteString(c, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Length: 9\r\n\r\ntoo large")
-		}
-	})
 	tr := NewTransport()
 	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
@@ -491,19 +489,61 @@ func TestH1ReadsAnAnswerSentBeforeTheBodyWasRead(t *testing.T) {
 	}
 	h := newH1Transport(tr)
 	t.Cleanup(h.CloseIdleConnections)
-	body := strings.Repeat("x", 40<<10) // inline, yet more than the buffers take
-	for i := range 20 {
-		req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://"+ln.Addr().String(), strings.NewReader(body))
-		resp, err := h.RoundTrip(req)
-		if err != nil {
-			t.Fatalf("call %d: %v; want the upstream's 413", i, err)
+	return ln, h
+}
+
+const refusal = "HTTP/1.1 413 Request Entity Too Large\r\nContent-Length: 9\r\n\r\ntoo large"
+
+// postRefused posts n bytes to ln and checks that the upstream's 413 comes back.
+func postRefused(t *testing.T, h *h1Transport, ln net.Listener, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ln.Addr().String(), strings.NewReader(strings.Repeat("x", n)))
+	resp, err := h.RoundTrip(req)
+	if err != nil {
+		t.Fatalf("%d bytes: %v; want the upstream's 413", n, err)
+	}
+	if got := readAll(t, resp); resp.StatusCode != http.StatusRequestEntityTooLarge || got != "too large" {
+		t.Fatalf("%d bytes: %d %q; want 413 %q", n, resp.StatusCode, got, "too large")
+	}
+}
+
+// TestH1ReadsAnAnswerSentBeforeTheBodyWasRead: an upstream reads a request's head, answers
+// 413 and closes, with the body unread: its system resets the connection, and the rest of
+// the write fails. The answer, received before the reset, is handed on.
+func TestH1ReadsAnAnswerSentBeforeTheBodyWasRead(t *testing.T) {
+	ln, h := tinyBuffers(t)
+	serveConns(t, ln, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+			io.WriteString(c, refusal)
 		}
-		if got := readAll(t, resp); resp.StatusCode != http.StatusRequestEntityTooLarge || got != "too large" {
-			t.Fatalf("call %d: %d %q; want 413 %q", i, resp.StatusCode, got, "too large")
+	})
+	// 40 KiB: inline, yet more than the buffers take; 1 MiB: written by its own goroutine.
+	for _, n := range []int{40 << 10, 1 << 20} {
+		for range 20 {
+			postRefused(t, h, ln, n)
 		}
 	}
 	if n := h.kept(); n != 0 {
 		t.Fatalf("%d connections kept after answers whose upstream closed them", n)
+	}
+}
+
+// TestH1ReadsAnAnswerWhileTheUpstreamWaits: an upstream answers 413 after the head and
+// neither reads the rest nor closes. A large request's write waits, so the answer is read
+// meanwhile.
+func TestH1ReadsAnAnswerWhileTheUpstreamWaits(t *testing.T) {
+	ln, h := tinyBuffers(t)
+	serveConns(t, ln, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+			io.WriteString(c, refusal)
+		}
+		<-t.Context().Done()
+	})
+	postRefused(t, h, ln, 1<<20)
+	if n := h.kept(); n != 0 {
+		t.Fatalf("%d connections kept; want none: the request was not all sent", n)
 	}
 }
 
