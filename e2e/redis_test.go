@@ -103,10 +103,12 @@ func TestRedisStoppedMidRun(t *testing.T) {
 	}
 	t.Logf("REDIS outage=%dms recovered_after_restart=%dms requests=%d slowest=%dms", ms(up.Sub(down)), ms(recovered), len(as), ms(slowest))
 	// A dead Redis is noticed fast, not by requests waiting on it (the server refuses
-	// connections at once): none waits more than half a second, a tenth of which is the
-	// upstream's own time.
-	if slowest > 500*time.Millisecond {
-		t.Errorf("the slowest request took %v while Redis was down; want at most 500ms", slowest.Round(time.Millisecond))
+	// connections at once). The one wait allowed is a follower's whose owner elsewhere
+	// holds a lease it knows of: it waits, at most until that lease ends, for Redis to come
+	// back (docs/decisions.md, degraded mode). So no request waits longer than a lease and
+	// half a second, a fifteenth of which is the upstream's own time.
+	if limit := leaseTTL + 500*time.Millisecond; slowest > limit {
+		t.Errorf("the slowest request took %v while Redis was down; want at most %v", slowest.Round(time.Millisecond), limit)
 	}
 	for _, in := range c.ins {
 		if got := in.metric("llm_dedupe_redis_errors_total", nil); got < 1 {
