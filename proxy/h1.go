@@ -19,7 +19,7 @@ import (
 
 // h1Transport makes an owner's calls to a plain-HTTP upstream over HTTP/1.1 on the calling
 // goroutine: it writes the request, then reads the answer, and keeps no goroutine per
-// connection. net/http's Transport runs a read loop and a write loop for every connection,
+// connection (a large request is written by one of its own while it lasts, below). net/http's Transport runs a read loop and a write loop for every connection,
 // so that it can send a body while an answer arrives and notice an idle connection's close
 // at once; an owner has its whole body in memory before it calls, and an idle connection is
 // checked when it is taken instead. With ten thousand calls in flight over HTTP/1.1 (one
@@ -207,7 +207,14 @@ func (c *h1Conn) call(req *http.Request, gz bool, maxHeader int64) (*http.Respon
 		}
 	} else {
 		c.wrote = make(chan error, 1)
-		go func() { c.wrote <- c.write(out) }()
+		go func() {
+			err := c.write(out)
+			if err != nil {
+				// As inline: an answer sent before the failure is there at once.
+				c.nc.SetReadDeadline(time.Now().Add(earlyAnswerWait))
+			}
+			c.wrote <- err
+		}()
 	}
 	c.lr.n = maxHeader
 	defer func() { c.lr.n = math.MaxInt64 }()
@@ -248,20 +255,29 @@ func (c *h1Conn) write(req *http.Request) error {
 	return err
 }
 
-// sent reports whether the whole request went out, once the answer has been read: a
+// sent reports whether the whole request went out, once the answer has been read. A
 // request written by its own goroutine may still be going (the upstream answered before
-// reading it all), and then the connection cannot carry another.
+// reading it all), and then the connection cannot carry another; or its writer, done, has
+// not yet said so, which it does within earlyAnswerWait, as net/http waits for its write
+// loop.
 func (c *h1Conn) sent() bool {
 	if c.wrote == nil {
 		return true
 	}
+	var err error
 	select {
-	case err := <-c.wrote:
-		c.wrote = nil
-		return err == nil
+	case err = <-c.wrote:
 	default:
-		return false
+		t := time.NewTimer(earlyAnswerWait)
+		defer t.Stop()
+		select {
+		case err = <-c.wrote:
+		case <-t.C:
+			return false
+		}
 	}
+	c.wrote = nil
+	return err == nil
 }
 
 // earlyAnswerWait is how long an answer is looked for after a failed write: it arrived
