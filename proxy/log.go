@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,7 +25,7 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 			info := &st.info
 			*info = requestInfo{start: time.Now(), role: role}
 			ww := &st.w
-			*ww = statusWriter{ResponseWriter: w}
+			*ww = statusWriter{ResponseWriter: w, draining: &p.draining}
 			next.ServeHTTP(ww, r)
 			d := time.Since(info.start)
 			status := ww.status
@@ -58,9 +59,17 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 // taking it for the answer's, passes on only the first other one, and takes a Write or a
 // flush before any WriteHeader for 200. Everything else the server's writer can do
 // (hijacking, deadlines) is reached through Unwrap, as http.ResponseController does.
+//
+// While the proxy drains, the answer's status line gets Connection: close, so that the
+// client's next request opens a connection through the load balancer. It is added as the
+// status is written, not when the request arrives: an answer begun before the drain
+// closes its connection too, and a reverse proxy that clears the header after a 1xx does
+// not lose it. A 101 never comes here (the reverse proxy writes it on the hijacked
+// connection), so an upgrade keeps its Connection: Upgrade alone.
 type statusWriter struct {
 	http.ResponseWriter
-	status int
+	status   int
+	draining *atomic.Bool
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -69,6 +78,9 @@ func (w *statusWriter) WriteHeader(code int) {
 		w.ResponseWriter.WriteHeader(code)
 	case w.status == 0:
 		w.status = code
+		if w.draining != nil && w.draining.Load() {
+			w.Header().Set("Connection", "close")
+		}
 		w.ResponseWriter.WriteHeader(code)
 	}
 }

@@ -163,11 +163,6 @@ func New(cfg Config) (*Proxy, error) {
 // the raw path when the URL has one, and so does this): chi adds a context value, and a
 // copy of the Request, to every request it routes.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if p.draining.Load() {
-		// Each connection closes after its answer, so that its client opens the next one
-		// through the load balancer, to another instance.
-		w.Header().Set("Connection", "close")
-	}
 	r, ok := p.guard(w, r)
 	if !ok {
 		return
@@ -187,7 +182,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // Drain makes /readyz answer 503, so that a load balancer stops sending new requests while
 // the server finishes the ones it has, and closes each client connection after its next
-// answer, so that the client's next request goes through the balancer anew.
+// answer on the API's routes (statusWriter), so that the client's next request goes
+// through the balancer anew.
 func (p *Proxy) Drain() { p.draining.Store(true) }
 
 // CloseIdleConnections closes the upstream connections kept for the next call, at shutdown.

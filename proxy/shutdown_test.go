@@ -1,6 +1,14 @@
 package proxy_test
 
 import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/textproto"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,4 +55,74 @@ func TestShutdownReleasesToFollowers(t *testing.T) {
 	}
 	<-ownerDone // the owner's own client is answered (with an error) and not left hanging
 	t.Logf("takeover after shutdown: %v (lease %v)", took, lease)
+}
+
+// TestDrainClosesConnectionsAfterTheirAnswer: while the proxy drains, an answer on the
+// API's routes says Connection: close, also after a 1xx the reverse proxy passed on (it
+// clears the header then), and never on an upgrade, whose 101 keeps Connection: Upgrade.
+func TestDrainClosesConnectionsAfterTheirAnswer(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/hints":
+			w.Header().Set("Link", "</a>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			io.WriteString(w, "after hints")
+		case "/v1/realtime":
+			c, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+			brw.Flush()
+			c.Read(make([]byte, 1)) // until the client goes
+		default:
+			io.WriteString(w, `{"id":"x"}`)
+		}
+	}))
+	defer api.Close()
+	up := &upstream{URL: api.URL}
+	in := newInstance(t, up, setup{base: api.URL})
+	in.Proxy.Drain()
+
+	// head sends a raw request and returns the status line and the Connection values of
+	// the answer's head (the last one, after any 1xx).
+	head := func(req string) (string, []string) {
+		t.Helper()
+		c, err := net.Dial("tcp", strings.TrimPrefix(in.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, req)
+		br := bufio.NewReader(c)
+		for {
+			tp := textproto.NewReader(br)
+			status, err := tp.ReadLine()
+			if err != nil {
+				t.Fatalf("%q: %v", req, err)
+			}
+			h, err := tp.ReadMIMEHeader()
+			if err != nil {
+				t.Fatalf("%q: %v", req, err)
+			}
+			if !strings.Contains(status, " 103 ") {
+				return status, h.Values("Connection")
+			}
+		}
+	}
+	for _, c := range []struct {
+		name, req, status string
+		want              []string
+	}{
+		{"deduplicated", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 15\r\n\r\n{\"model\":\"m1\"}\n", "200", []string{"close"}},
+		{"passed through after 103", "GET /v1/hints HTTP/1.1\r\nHost: x\r\n\r\n", "200", []string{"close"}},
+		{"upgrade", "GET /v1/realtime HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", "101", []string{"Upgrade"}},
+	} {
+		status, conn := head(c.req)
+		if !strings.Contains(status, " "+c.status+" ") || !slices.Equal(conn, c.want) {
+			t.Errorf("%s while draining: %q, Connection %q; want %s, Connection %q", c.name, status, conn, c.status, c.want)
+		}
+	}
 }
