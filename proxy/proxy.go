@@ -90,8 +90,7 @@ type Proxy struct {
 	router   chi.Router
 	posts    map[string]http.Handler // the deduplicated routes, by literal path
 	pass     http.Handler
-	calls    http.RoundTripper // owners' calls
-	h1       *h1Transport      // the owners' client, if Transport was nil
+	calls    http.RoundTripper // owners' calls: Transport, or the owners' client over its default
 	draining atomic.Bool
 }
 
@@ -102,10 +101,10 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Upstream == nil || cfg.Flights == nil || cfg.Hasher == nil {
 		return nil, errors.New("proxy: Upstream, Flights and Hasher are required")
 	}
-	var h1 *h1Transport
+	calls := cfg.Transport
 	if cfg.Transport == nil {
 		t := NewTransport()
-		cfg.Transport, h1 = t, newH1Transport(t)
+		cfg.Transport, calls = t, newH1Transport(t)
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Minute
@@ -131,10 +130,7 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	p := &Proxy{cfg: cfg, calls: cfg.Transport, h1: h1}
-	if h1 != nil {
-		p.calls = h1
-	}
+	p := &Proxy{cfg: cfg, calls: calls}
 	pass := NewPassthrough(cfg.Upstream, cfg.APIKey, cfg.Transport)
 	pass.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)
 	p.pass = Timeout(cfg.Timeout)(pass)
@@ -188,11 +184,8 @@ func (p *Proxy) Drain() { p.draining.Store(true) }
 
 // CloseIdleConnections closes the upstream connections kept for the next call, at shutdown.
 func (p *Proxy) CloseIdleConnections() {
-	if p.h1 != nil {
-		p.h1.CloseIdleConnections() // and its fallback's, Transport
-		return
-	}
-	if c, ok := p.cfg.Transport.(interface{ CloseIdleConnections() }); ok {
+	// The owners' client closes its fallback's too: Transport's.
+	if c, ok := p.calls.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
 }
