@@ -19,10 +19,11 @@ import (
 
 // h1Transport makes an owner's calls to a plain-HTTP upstream over HTTP/1.1 on the calling
 // goroutine: it writes the request, then reads the answer, and keeps no goroutine per
-// connection (a large request is written by one of its own while it lasts, below). net/http's Transport runs a read loop and a write loop for every connection,
-// so that it can send a body while an answer arrives and notice an idle connection's close
-// at once; an owner has its whole body in memory before it calls, and an idle connection is
-// checked when it is taken instead. With ten thousand calls in flight over HTTP/1.1 (one
+// connection (a large request is written by one of its own while it lasts, below).
+// net/http's Transport runs a read loop and a write loop for every connection, so that it
+// can send a body while an answer arrives and notice an idle connection's close at once;
+// an owner has its whole body in memory before it calls, and an idle connection is checked
+// when it is taken instead. With ten thousand calls in flight over HTTP/1.1 (one
 // connection each) that is twenty thousand goroutines fewer, and an idle connection holds
 // no buffer. Everything else goes to the fallback, net/http's: HTTPS (where HTTP/2 carries
 // many calls on one connection) and an upstream reached through a proxy from HTTP_PROXY.
@@ -201,20 +202,11 @@ func (c *h1Conn) call(req *http.Request, gz bool, maxHeader int64) (*http.Respon
 	var werr error
 	if req.ContentLength+headSize(req) <= maxInline {
 		if werr = c.write(out); werr != nil {
-			// An answer sent before the upstream closed is in the socket already.
-			c.nc.SetReadDeadline(time.Now().Add(earlyAnswerWait))
-			defer c.nc.SetReadDeadline(time.Time{})
+			defer c.nc.SetReadDeadline(time.Time{}) // the early answer's body reads on
 		}
 	} else {
 		c.wrote = make(chan error, 1)
-		go func() {
-			err := c.write(out)
-			if err != nil {
-				// As inline: an answer sent before the failure is there at once.
-				c.nc.SetReadDeadline(time.Now().Add(earlyAnswerWait))
-			}
-			c.wrote <- err
-		}()
+		go func() { c.wrote <- c.write(out) }()
 	}
 	c.lr.n = maxHeader
 	defer func() { c.lr.n = math.MaxInt64 }()
@@ -242,7 +234,8 @@ func (c *h1Conn) call(req *http.Request, gz bool, maxHeader int64) (*http.Respon
 	}
 }
 
-// write sends req.
+// write sends req. When that fails, the answer is read for earlyAnswerWait only: one the
+// upstream sent before it closed is in the socket already.
 func (c *h1Conn) write(req *http.Request) error {
 	bw := h1Writers.Get().(*bufio.Writer)
 	bw.Reset(c.nc)
@@ -252,6 +245,9 @@ func (c *h1Conn) write(req *http.Request) error {
 	}
 	bw.Reset(nil)
 	h1Writers.Put(bw)
+	if err != nil {
+		c.nc.SetReadDeadline(time.Now().Add(earlyAnswerWait))
+	}
 	return err
 }
 
