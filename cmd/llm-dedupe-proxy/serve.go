@@ -76,15 +76,14 @@ func (a *app) serve(ctx context.Context, args []string) int {
 	case <-ctx.Done():
 		logger.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
 	}
-	// Say not ready, and close each connection after its next answer (the handler's
-	// Connection: close; not SetKeepAlivesEnabled, which would close idle connections at
+	// Say not ready, and close each connection after its next answer (Connection: close,
+	// added by the proxy; not SetKeepAlivesEnabled, which would close idle connections at
 	// once, under requests already on their way). With shutdown_delay, go on serving for
 	// that long, so that a load balancer that sees the 503 stops sending before the
 	// listener closes. Then stop accepting and let requests in progress finish within
-	// shutdown_timeout.
-	// Flights still owned when it runs out are released to the other instances, which take
-	// them over at once instead of waiting for the lease to expire; the requests still
-	// waiting here then end, and the server closes.
+	// shutdown_timeout. Flights still owned when it runs out are released to the other
+	// instances, which take them over at once instead of waiting for the lease to expire;
+	// the requests still waiting here then end, and the server closes.
 	wired.drain()
 	if cfg.ShutdownDelay > 0 && code == 0 {
 		logger.Info("draining: serving on, ready no more", "delay", cfg.ShutdownDelay.String())
