@@ -14,6 +14,15 @@ import (
 // sends only its own keys local, and flights on the healthy shards keep their distributed
 // dedupe. Standalone and Sentinel have one shard, named "".
 
+// sharded reports whether flights live on several servers (a Cluster). On one server the
+// alive messages travel with the renewals, in the same pipeline on the same connection:
+// one heard says that every lease its instance held was just renewed, and none comes
+// while that server is down.
+func (r *remote) sharded() bool {
+	_, ok := r.rdb.(*redis.ClusterClient)
+	return ok
+}
+
 // shard names the Redis server that holds key's flight: the address of its slot's master
 // in a Cluster, "" for standalone and Sentinel, where one server holds everything, or when
 // the Cluster's layout is not known.

@@ -400,9 +400,10 @@ func (fw *follower) lookAt() (at time.Time, byAlive bool) {
 	if fw.l.pos.token != fw.trustFor {
 		fw.trust() // a new owner: trusted anew
 	}
-	if fw.alive == nil || fw.trustUntil.IsZero() || fw.l.r.degradedFor(fw.l.f.key) {
-		// (The alive messages are the owner instance's: they go on while the flight's
-		// own Redis, a Cluster shard, is down, and then say nothing of this flight.)
+	if fw.alive == nil || fw.trustUntil.IsZero() || fw.l.r.sharded() && fw.l.r.degradedFor(fw.l.f.key) {
+		// (In a Cluster the alive messages are the owner instance's: they go on while
+		// the flight's own shard is down, and then say nothing of this flight. On one
+		// server they stop with it, and those heard before stand: see sharded.)
 		return at, false
 	}
 	until := fw.l.r.wake.aliveUntil(fw.alive.channel)
@@ -434,10 +435,15 @@ func (fw *follower) look() (followEnd, bool) {
 		return end, true
 	}
 	if end.err != nil {
-		// Redis could not be asked: nothing was learnt of this attempt. The owner's alive
-		// messages, which are its instance's and go on while this flight's own Redis
-		// (a Cluster shard) is down, extend neither its lease nor the trust in them.
-		fw.leaseEnd = known
+		// Redis could not be asked: nothing was learnt of this attempt. In a Cluster the
+		// owner's alive messages, which are its instance's and go on while this flight's
+		// own shard is down, extend neither its lease nor the trust in them. On one
+		// server, those heard before it stopped answering each followed a renewal of
+		// this lease: a restart that ends within it costs no call, however long the
+		// follower had waited.
+		if fw.l.r.sharded() {
+			fw.leaseEnd = known
+		}
 		return followEnd{}, false
 	}
 	fw.since = time.Now()
