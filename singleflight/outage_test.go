@@ -1,8 +1,11 @@
 package singleflight
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
@@ -53,4 +56,109 @@ func TestFollowerWaitsOutARedisRestartLateInItsWait(t *testing.T) {
 	if n, tk := rp.calls.Load(), recB.count(EventTakeover); n != 1 || tk != 0 {
 		t.Fatalf("%d upstream calls, %d takeovers by the follower's instance; want 1 and 0", n, tk)
 	}
+}
+
+// A stream whose last event comes while Redis restarts still reaches its followers on
+// other instances, whole, from the one call: the owner makes its final write again while
+// its lease runs, and the restarted Redis takes it (the flight put back). Before, the one
+// failed write ended the attempt: every follower elsewhere, holding all but the end of the
+// stream, was cut short, and the answer was not stored.
+func TestStreamEndingDuringARedisRestartReachesFollowers(t *testing.T) {
+	srv := redistest.Start(t)
+	a, other, recA := restartPair(t, srv)
+	key := uniqueKey()
+	s := newStreamer(3) // its last event waits for s.hold
+	ra, err := a.Do(key, false, s.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-s.first
+	rb, err := other.Do(key, false, s.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := rb.Next(context.Background())
+	if err != nil {
+		t.Fatalf("follower's first chunk: %v", err)
+	}
+
+	endDuringRestart(t, srv, recA, func() { close(s.hold) })
+
+	want := s.transcript()
+	if out := readWithin(ra, 10*time.Second); out.err != nil || out.body != want {
+		t.Fatalf("owner got (%q, %v); want the whole stream", out.body, out.err)
+	}
+	if out := readWithin(rb, 10*time.Second); out.err != nil || string(first)+out.body != want {
+		t.Fatalf("follower got (%q, %v) after %q; want the rest of the stream", out.body, out.err, first)
+	}
+	wantStored(t, srv, key, want, s.calls.Load())
+}
+
+// The same for a unary answer: the follower elsewhere gets it, and nobody calls again.
+func TestUnaryEndingDuringARedisRestartReachesFollowers(t *testing.T) {
+	srv := redistest.Start(t)
+	a, other, recA := restartPair(t, srv)
+	key := uniqueKey()
+	rp := newReply("call 1")
+	running := make(chan struct{}, 2)
+	fn := started(running, rp.fn)
+	led := doAsync(t, a, key, CallOptions{Inline: true}, fn)
+	<-running
+	rb, err := other.Do(key, false, fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, 5*time.Second, "the other instance follows", func() bool { return other.flightRole(key) == RoleFollower })
+
+	endDuringRestart(t, srv, recA, rp.release)
+
+	for name, r := range map[string]*Reader{"owner": <-led, "follower": rb} {
+		if out := readWithin(r, 10*time.Second); out.err != nil || out.body != "call 1" {
+			t.Fatalf("%s got (%q, %v); want call 1", name, out.body, out.err)
+		}
+	}
+	wantStored(t, srv, key, "call 1", rp.calls.Load())
+}
+
+// restartPair is two instances of srv, their clients set up as the proxy's are, with a
+// lease long enough to outlast a restart.
+func restartPair(t *testing.T, srv *redistest.Server) (a, other *Group, recA *recorder) {
+	recA = newRecorder()
+	o := Options{LeaseTTL: 1500 * time.Millisecond, HeartbeatInterval: 300 * time.Millisecond, ResultTTL: time.Minute, BatchDelay: time.Millisecond}
+	oa, ob := o, o
+	oa.Observer = recA
+	oa.Redis, ob.Redis = productClient(t, srv), productClient(t, srv)
+	return backend{}.group(t, oa), backend{}.group(t, ob), recA
+}
+
+// endDuringRestart stops Redis, lets the owner's call end (end), and starts Redis again
+// (empty) once the owner's final write has failed.
+func endDuringRestart(t *testing.T, srv *redistest.Server, recA *recorder, end func()) {
+	t.Helper()
+	srv.Stop()
+	end()
+	recA.waitMatch(t, "the owner's final write fails", func(e Event) bool {
+		return e.Kind == EventRedisError && e.Op == "complete"
+	}, 5*time.Second)
+	srv.Restart()
+}
+
+// wantStored checks that the one call's answer was stored.
+func wantStored(t *testing.T, srv *redistest.Server, key, want string, calls int32) {
+	t.Helper()
+	if calls != 1 {
+		t.Fatalf("%d upstream calls; want 1", calls)
+	}
+	if got := srv.Client().HGet(context.Background(), "ai:flight:result:{"+key+"}", "body").Val(); got != want {
+		t.Fatalf("stored answer %q; want %q", got, want)
+	}
+}
+
+// productClient is a client of srv set up as the proxy sets up its own (see newRedis in
+// cmd/llm-dedupe-proxy): one dial per attempt, two retries.
+func productClient(t *testing.T, srv *redistest.Server) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second,
+		WriteTimeout: time.Second, MaxRetries: 2, DialerRetries: 1})
+	t.Cleanup(func() { c.Close() })
+	return c
 }

@@ -125,10 +125,11 @@ func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, da
 func (o *remoteOwnership) complete(ctx context.Context, fin final) error {
 	opts := o.r.g.opts
 	o.finalPending.Store(true)
-	v, err := o.r.batch.run(completeScript, []string{o.k.meta, o.k.stream, o.k.result},
-		o.args(o.token, fin.landedN, fin.skip, fin.head.Status, encodeHeader(fin.head.Header), fin.tail, fin.transcript,
-			flag(fin.store), fin.ttl.Milliseconds(), opts.Linger.Milliseconds())...).Int64()
-	return o.fenced("complete", v, err)
+	return o.final(ctx, "complete", func() (int64, error) {
+		return o.r.batch.run(completeScript, []string{o.k.meta, o.k.stream, o.k.result},
+			o.args(o.token, fin.landedN, fin.skip, fin.head.Status, encodeHeader(fin.head.Header), fin.tail, fin.transcript,
+				flag(fin.store), fin.ttl.Milliseconds(), opts.Linger.Milliseconds())...).Int64()
+	})
 }
 
 func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) error {
@@ -137,7 +138,29 @@ func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) e
 		status = strconv.Itoa(res.Head.Status)
 	}
 	o.finalPending.Store(true)
-	v, err := failScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream},
-		o.args(o.token, status, encodeHeader(res.Head.Header), res.Body, reason, o.r.runningTTL())...).Int64()
-	return o.fenced("fail", v, err)
+	return o.final(ctx, "fail", func() (int64, error) {
+		return failScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream},
+			o.args(o.token, status, encodeHeader(res.Head.Header), res.Body, reason, o.r.runningTTL())...).Int64()
+	})
+}
+
+// final makes a final write, and makes it again while Redis does not answer and this
+// attempt's lease runs (both scripts are safe twice). Within the lease no other owner can
+// have taken the flight, and its followers elsewhere wait for it: a restart or a failover
+// that ends in that time loses nothing (the write puts back a flight Redis lost, see
+// restore.lua), where giving up at the first failure would cut every follower's stream
+// short and store nothing.
+func (o *remoteOwnership) final(ctx context.Context, op string, write func() (int64, error)) error {
+	for {
+		v, err := write()
+		ferr := o.fenced(op, v, err)
+		if err == nil || !unavailable(err) || ctx.Err() != nil {
+			return ferr
+		}
+		from := o.leaseFrom.Load()
+		left := time.Duration(from + int64(o.r.g.opts.LeaseTTL) - mono(time.Now()))
+		if from == 0 || left <= 0 || !sleep(ctx, min(pollEvery, left)) {
+			return ferr
+		}
+	}
 }
