@@ -23,7 +23,10 @@ end
 if m[1] ~= 'R' then
   return 0
 end
-local n = tonumber(m[3]) or 0
+-- The batches landed: the meta's count, or more where the owner knows more landed (a
+-- Redis restarted from data a moment old has the flight but not its last batches; the done
+-- entry numbered after the owner's count shows a follower that gap).
+local n = math.max(tonumber(m[3]) or 0, tonumber(ARGV[#ARGV - 2]) or 0)
 local data = ARGV[6]
 if tonumber(ARGV[2]) > 0 and n >= tonumber(ARGV[2]) then
   data = string.sub(data, tonumber(ARGV[3]) + 1)
