@@ -116,8 +116,9 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 		// rather than a second call.
 		g.writeEnded(o, f.key, "complete", cerr)
 		// A caller that joined once the write was on its way may have been sent by a
-		// client answered elsewhere: it is not given the answer (answered.go).
-		if cerr == nil && o.remote() {
+		// client answered elsewhere: it is not given the answer (answered.go). So may one
+		// that joined while an unanswered write was made again: it may have landed.
+		if o.remote() && !errors.Is(cerr, ErrLeaseLost) && !errors.Is(cerr, ErrFlightGone) {
 			f.fenceAt(sent)
 		}
 		f.finish(res.Head, res.Body)
