@@ -154,8 +154,8 @@ func (o *remoteOwnership) final(ctx context.Context, op string, write func() (in
 	for {
 		v, err := write()
 		ferr := o.fenced(op, v, err)
-		if err == nil || !unavailable(err) || ctx.Err() != nil {
-			return ferr
+		if err == nil || !unavailable(err) || ctx.Err() != nil || o.r.g.ctx.Err() != nil {
+			return ferr // (a Group closing does not wait for Redis: see Close)
 		}
 		from := o.leaseFrom.Load()
 		left := time.Duration(from + int64(o.r.g.opts.LeaseTTL) - mono(time.Now()))
