@@ -97,10 +97,14 @@ func (b *timedBody) Read(p []byte) (int, error) {
 	n, err := b.body.Read(p)
 	if err != nil {
 		b.ended = true
-		_ = http.NewResponseController(b.w).SetReadDeadline(time.Time{}) // the server lifts it too, when it sees the end
 		if isTimeout(err) {
+			// The deadline stays passed: after the answer, the server would otherwise
+			// wait, without one, for the rest of a body its Content-Length promised,
+			// before it closes the connection.
 			b.timedOut.Store(true)
 			err = errors.Join(errBodyTimeout, err)
+		} else {
+			_ = http.NewResponseController(b.w).SetReadDeadline(time.Time{}) // the server lifts it too, when it sees the end
 		}
 	}
 	return n, err

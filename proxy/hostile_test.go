@@ -41,17 +41,32 @@ func rawRequest(t *testing.T, base, raw string, wait time.Duration) (*http.Respo
 
 // TestStalledBodyIsCutOff: a client that sends the headers and part of a body, then
 // stops, is answered 408 once proxy.Config.BodyReadTimeout passes without a read, on a
-// deduplicated route and on a passed-through one; it does not hold the connection.
+// deduplicated route and on a passed-through one; it does not hold the connection: the
+// server closes it after the answer (it used to wait, with no deadline, for the rest of a
+// body whose Content-Length said more was coming).
 func TestStalledBodyIsCutOff(t *testing.T) {
 	up := startUpstream(t)
 	in := newInstance(t, up, setup{proxy: func(c *proxy.Config) { c.BodyReadTimeout = 200 * time.Millisecond }})
 	for _, path := range []string{"/v1/chat/completions", "/v1/files"} {
 		t.Run(path, func(t *testing.T) {
 			start := time.Now()
-			res, body, err := rawRequest(t, in.URL, "POST "+path+" HTTP/1.1\r\nHost: proxy\r\n"+
-				"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":", 5*time.Second)
+			conn, err := net.Dial("tcp", strings.TrimPrefix(in.URL, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			io.WriteString(conn, "POST "+path+" HTTP/1.1\r\nHost: proxy\r\n"+
+				"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":")
+			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			br := bufio.NewReader(conn)
+			res, err := http.ReadResponse(br, nil)
 			if err != nil {
 				t.Fatalf("no answer within 5s of a stalled body (BodyReadTimeout 200ms): %v", err)
+			}
+			b, _ := io.ReadAll(res.Body)
+			body := string(b)
+			if _, err := br.ReadByte(); err != io.EOF {
+				t.Errorf("after the 408, reading the connection gave %v; want EOF: the server closes it", err)
 			}
 			if res.StatusCode != http.StatusRequestTimeout || !strings.Contains(body, `"code":"request_body_timeout"`) {
 				t.Errorf("got %d %s; want 408 with code request_body_timeout", res.StatusCode, body)
