@@ -1,22 +1,39 @@
 package singleflight
 
-import "context"
+import (
+	"context"
 
-// Check asks Redis whether it answers, so that a configuration Redis refuses (a wrong
-// password, a TLS certificate not trusted) shows at start-up and not at the first request:
-// a failure that makes Redis unusable degrades the Group, as any command's would, and is
-// reported with EventDegraded. An in-memory Group has nothing to check.
+	"github.com/redis/go-redis/v9"
+)
+
+// Check asks Redis whether it can be used, so that a configuration Redis refuses (a wrong
+// password, a TLS certificate not trusted, a database index out of range, a Cluster's
+// address list naming a server that is no Cluster, a read-only replica) shows at start-up
+// and not at the first request: a failure that makes Redis unusable degrades the Group, as
+// any command's would, and is reported with EventDegraded. An in-memory Group has nothing
+// to check.
 func (g *Group) Check(ctx context.Context) error {
 	if g.remote == nil {
 		return nil
 	}
 	r := g.remote
-	if err := r.rdb.Ping(ctx).Err(); err != nil {
+	if err := r.usable(ctx, r.rdb); err != nil {
 		r.g.observe(Event{Kind: EventRedisError, Op: "ping", Err: err})
 		if unavailable(err) {
-			r.degrade("", err) // a Cluster that refuses a PING refuses every shard
+			r.degrade("", err) // a Cluster that refuses it refuses every shard
 		}
 		return err
 	}
 	return nil
+}
+
+// usableScript writes, as the proxy's scripts do: a PING is answered by a server that
+// refuses every one of them (a read-only replica), so the probe of a degraded Redis would
+// find it well at once, and the next script degrade it again.
+var usableScript = redis.NewScript(`return redis.call('PEXPIRE', KEYS[1], 1)`)
+
+// usable runs usableScript on c, on a key of the Group's own (the ACL the proxy needs
+// covers it); a key that does not exist is left so.
+func (r *remote) usable(ctx context.Context, c redis.Scripter) error {
+	return usableScript.Run(ctx, c, []string{r.g.opts.KeyPrefix + ":probe"}).Err()
 }

@@ -125,15 +125,14 @@ func (r *remote) probe() {
 	}
 }
 
-// answering asks Redis which shards answer now. The whole Redis ("") answers when a PING
-// does. In a Cluster, a shard answers when its master answers a PING, or
+// answering asks Redis which shards answer now. The whole Redis ("") answers when it takes
+// a write (see usable). In a Cluster, a shard answers when its master answers a PING, or
 // when it is no master any more: its slots moved to a promoted replica, which a reloaded
 // layout names instead.
 func (r *remote) answering() func(shard string) bool {
 	ctx, cancel := context.WithTimeout(r.g.ctx, time.Second)
 	defer cancel()
-	ping := func(c redis.UniversalClient) bool { return c.Ping(ctx).Err() == nil }
-	whole := ping(r.rdb)
+	whole := r.usable(ctx, r.rdb) == nil
 	c, ok := r.rdb.(*redis.ClusterClient)
 	if !ok {
 		return func(string) bool { return whole }

@@ -248,7 +248,10 @@ func unavailable(err error) bool {
 				return true
 			}
 		}
-		return false
+		// Refusals of a configuration rather than of a command: redis.db out of range
+		// (every connection's SELECT fails), several addresses naming a server that is no
+		// Cluster.
+		return strings.Contains(msg, "DB index is out of range") || strings.Contains(msg, "cluster support disabled")
 	}
 	return true
 }

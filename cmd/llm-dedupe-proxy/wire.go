@@ -253,6 +253,12 @@ func degradedMessage(err error) (string, slog.Level) {
 			return "redis authentication failed: check redis.username and redis.password" + local, slog.LevelError
 		case strings.HasPrefix(msg, "NOPERM"):
 			return "redis refused a command: the ACL user lacks a permission the proxy needs" + local, slog.LevelError
+		case strings.Contains(msg, "DB index is out of range"):
+			return "redis refused redis.db: the server has fewer databases" + local, slog.LevelError
+		case strings.Contains(msg, "cluster support disabled"):
+			return "several redis.addrs make a Redis Cluster client, but the server is no Cluster: give one address for a standalone server" + local, slog.LevelError
+		case strings.HasPrefix(msg, "READONLY"):
+			return "redis refuses writes (a read-only replica): if this lasts beyond a failover, point redis.addrs at the master or set redis.master_name" + local, slog.LevelWarn
 		}
 	}
 	var (
