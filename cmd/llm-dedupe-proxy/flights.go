@@ -6,8 +6,10 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 )
@@ -69,7 +71,8 @@ func (a *app) flights(args []string) int {
 		if f.LeaseLeftMs > 0 {
 			lease = ms(f.LeaseLeftMs)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", short(f.Key), f.State, f.Owner, f.Attempt, ms(f.AgeMs), lease, f.Route, f.Model)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", short(f.Key), shown(f.State), shown(f.Owner), f.Attempt, ms(f.AgeMs), lease,
+			shown(f.Route), shown(f.Model))
 	}
 	_ = tw.Flush()
 	more := ""
@@ -78,6 +81,16 @@ func (a *app) flights(args []string) int {
 	}
 	fmt.Fprintf(a.stdout, "%d flights in progress (%s)%s\n", len(list.Flights), list.Backend, more)
 	return 0
+}
+
+// shown is s as it may be printed to a terminal: a client chose the model (and Redis holds
+// the rest), so a string with a control character or a tab is shown quoted, escaped, and
+// cannot add a row or move the terminal.
+func shown(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 func ms(n int64) string {

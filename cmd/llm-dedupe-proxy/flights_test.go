@@ -37,7 +37,7 @@ func TestFlightsCommand(t *testing.T) {
 			go func() {
 				defer close(done)
 				res, err := http.Post(base+"/v1/chat/completions", "application/json",
-					strings.NewReader(`{"model":"gpt-cli","messages":[]}`))
+					strings.NewReader(`{"model":"gpt-cli\u001b[2J\nFAKE-ROW\u0007","messages":[]}`))
 				if err == nil {
 					res.Body.Close()
 				}
@@ -55,8 +55,13 @@ func TestFlightsCommand(t *testing.T) {
 				!strings.Contains(r.stdout, "1 flights in progress ("+backend+")") {
 				t.Errorf("flights: status %d\n%s%s", r.code, r.stdout, r.stderr)
 			}
+			// A client chose the model: its control characters are shown escaped, and
+			// cannot add a row or move the operator's terminal.
+			if lines := strings.Count(r.stdout, "\n"); strings.ContainsAny(r.stdout, "\x1b\a") || lines != 3 {
+				t.Errorf("flights printed the model's control characters raw (%d lines):\n%q", lines, r.stdout)
+			}
 			r = runCmd(t, env, "", "flights", "--admin.listen="+admin, "--json")
-			if r.code != 0 || !strings.Contains(r.stdout, `"model":"gpt-cli"`) {
+			if r.code != 0 || !strings.Contains(r.stdout, `"model":"gpt-cli\u001b[2J\nFAKE-ROW\u0007"`) {
 				t.Errorf("flights --json: status %d %s%s", r.code, r.stdout, r.stderr)
 			}
 			r = runCmd(t, map[string]string{"LLM_DEDUPE_ADMIN_TOKEN": "wrong-token-0123456789"}, "", "flights", "--admin.listen="+admin)
