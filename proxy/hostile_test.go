@@ -2,6 +2,8 @@ package proxy_test
 
 import (
 	"bufio"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -9,9 +11,11 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
@@ -210,5 +214,43 @@ func TestDedupeFailureCauseLogged(t *testing.T) {
 	}
 	if l := logs.String(); strings.Contains(l, "k3y-secret") {
 		t.Errorf("log %q shows the api-key of the base URL", l)
+	}
+}
+
+// TestClientThatStopsReadingIsCutOff: a client that stops reading its answer (a stream
+// here; a large unary answer, or a passed-through download, alike) holds its connection,
+// a goroutine and the answer's buffers for as long as it likes, unless a write that makes
+// no progress for proxy.Config.SendTimeout ends the answer, as nginx's send_timeout does.
+func TestClientThatStopsReadingIsCutOff(t *testing.T) {
+	const size = 64 << 20
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		event := []byte("data: " + strings.Repeat("x", 64<<10) + "\n\n")
+		for n := 0; n < size; n += len(event) {
+			if _, err := w.Write(event); err != nil {
+				return
+			}
+			http.NewResponseController(w).Flush()
+		}
+	}))
+	t.Cleanup(gw.Close)
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{base: gw.URL, proxy: func(c *proxy.Config) { c.SendTimeout = 300 * time.Millisecond }})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(in.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"never read"}]}`
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	// Read nothing until the proxy has ended the request.
+	redistest.WaitUntil(t, 20*time.Second, "the proxy ends the answer nobody reads", func() (bool, string) {
+		n := value(t, in.Reg, "llm_dedupe_requests_total", nil)
+		return n >= 1, fmt.Sprintf("%v requests ended", n)
+	})
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	got, err := io.Copy(io.Discard, conn)
+	if err != nil && !errors.Is(err, syscall.ECONNRESET) || got >= size {
+		t.Fatalf("read %d bytes, then %v; want the connection closed before the %d-byte answer's end", got, err, size)
 	}
 }

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -25,7 +26,7 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 			info := &st.info
 			*info = requestInfo{start: time.Now(), role: role}
 			ww := &st.w
-			*ww = statusWriter{ResponseWriter: w, draining: &p.draining}
+			*ww = statusWriter{ResponseWriter: w, draining: &p.draining, send: p.cfg.SendTimeout}
 			next.ServeHTTP(ww, r)
 			d := time.Since(info.start)
 			status := ww.status
@@ -66,10 +67,23 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 // closes its connection too, and a reverse proxy that clears the header after a 1xx does
 // not lose it. A 101 never comes here (the reverse proxy writes it on the hijacked
 // connection), so an upgrade keeps its Connection: Upgrade alone.
+//
+// Each write and flush gives the connection SendTimeout to take the bytes: a client that
+// stops reading cannot hold its connection, goroutine and answer forever.
 type statusWriter struct {
 	http.ResponseWriter
 	status   int
 	draining *atomic.Bool
+	send     time.Duration
+}
+
+// ConnState is the server's http.Server.ConnState: it lifts the last answer's write
+// deadline (see statusWriter) when a connection goes idle, so that a keep-alive
+// connection's next answer, or the server's own, does not meet it.
+func ConnState(c net.Conn, s http.ConnState) {
+	if s == http.StateIdle {
+		_ = c.SetWriteDeadline(time.Time{})
+	}
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -89,7 +103,16 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
+	w.deadline()
 	return w.ResponseWriter.Write(b)
+}
+
+// deadline gives the next write to the client SendTimeout to make progress. It is lifted
+// when the connection goes idle (see IdleConn).
+func (w *statusWriter) deadline() {
+	if w.send > 0 {
+		_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Now().Add(w.send))
+	}
 }
 
 // FlushError is how http.ResponseController flushes: the server's writer's flush, after
@@ -98,6 +121,7 @@ func (w *statusWriter) FlushError() error {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
+	w.deadline()
 	return http.NewResponseController(w.ResponseWriter).Flush()
 }
 

@@ -54,6 +54,10 @@ type Config struct {
 	// BodyReadTimeout is the longest wait for the next bytes of a request body. If zero,
 	// 30s is used.
 	BodyReadTimeout time.Duration
+	// SendTimeout ends an answer whose client takes nothing for this long: each write to
+	// the client must make progress within it (nginx's send_timeout). If zero, 60s is
+	// used; negative: no limit.
+	SendTimeout time.Duration
 	// MaxBodyBytes bounds a request body. If zero, 10 MiB is used.
 	MaxBodyBytes int64
 	// MaxResponseBytes bounds an upstream answer that is shared with other requests and
@@ -117,6 +121,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 10 << 20
+	}
+	if cfg.SendTimeout == 0 {
+		cfg.SendTimeout = 60 * time.Second
 	}
 	if cfg.MaxResponseBytes <= 0 {
 		cfg.MaxResponseBytes = 64 << 20

@@ -70,6 +70,7 @@ type FlightConfig struct {
 type LimitsConfig struct {
 	MaxBodyBytes     int64         `mapstructure:"max_body_bytes"`
 	BodyReadTimeout  time.Duration `mapstructure:"body_read_timeout"`  // longest wait between two reads of a request body
+	SendTimeout      time.Duration `mapstructure:"send_timeout"`       // longest a write to a client may take nothing
 	MaxResponseBytes int64         `mapstructure:"max_response_bytes"` // largest answer shared and stored
 }
 
@@ -133,7 +134,7 @@ func defaultConfig() Config {
 			MemoryMaxEntries:  10000,
 			MemoryMaxBytes:    128 << 20,
 		},
-		Limits:  LimitsConfig{MaxBodyBytes: 10 << 20, BodyReadTimeout: 30 * time.Second, MaxResponseBytes: 64 << 20},
+		Limits:  LimitsConfig{MaxBodyBytes: 10 << 20, BodyReadTimeout: 30 * time.Second, SendTimeout: 60 * time.Second, MaxResponseBytes: 64 << 20},
 		Hashing: HashingConfig{Scope: "credential", IgnoreFields: []string{"user"}},
 		Dedupe: DedupeConfig{Paths: []string{
 			"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",

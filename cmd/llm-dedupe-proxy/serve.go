@@ -53,8 +53,11 @@ func (a *app) serve(ctx context.Context, args []string) int {
 		Handler:           wired.handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
-		// No WriteTimeout: a streamed answer may take as long as upstream.timeout.
-		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		// No WriteTimeout: a streamed answer may take as long as upstream.timeout. A client
+		// that stops reading is cut off by limits.send_timeout instead, each write's
+		// deadline lifted when its connection goes idle.
+		ConnState: proxy.ConnState,
+		ErrorLog:  slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 	stopAdmin, err := serveAdmin(cfg.Admin.Listen, wired.admin, logger)
 	if err != nil {

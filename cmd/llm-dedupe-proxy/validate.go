@@ -117,6 +117,7 @@ func validate(cfg Config) error {
 
 	c.atLeast("limits.max_body_bytes", cfg.Limits.MaxBodyBytes, 1)
 	c.positive("limits.body_read_timeout", cfg.Limits.BodyReadTimeout)
+	c.positive("limits.send_timeout", cfg.Limits.SendTimeout)
 	c.atLeast("limits.max_response_bytes", cfg.Limits.MaxResponseBytes, 1)
 
 	if _, err := hashing.ParseScope(cfg.Hashing.Scope); err != nil {

@@ -96,6 +96,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		IdleTimeout:      cfg.Upstream.IdleTimeout,
 		MaxBodyBytes:     cfg.Limits.MaxBodyBytes,
 		BodyReadTimeout:  cfg.Limits.BodyReadTimeout,
+		SendTimeout:      cfg.Limits.SendTimeout,
 		MaxResponseBytes: cfg.Limits.MaxResponseBytes,
 		Paths:            cfg.Dedupe.Paths,
 		Flights:          group,
