@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
@@ -54,12 +55,14 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			case errors.Is(err, errBodyTimeout):
 				writeBodyTimeout(w)
 				return
+			case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET), r.Context().Err() != nil:
+				return // the client left mid-body: nobody to answer (logged and counted as 499)
 			}
 			writeError(w, http.StatusBadRequest, "invalid_request_error", "body_unreadable", "the request body could not be read")
 			return
 		}
 		ns := r.Header.Get(HeaderNamespace)
-		if !validNamespace(ns) {
+		if len(r.Header.Values(HeaderNamespace)) > 1 || !validNamespace(ns) {
 			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_namespace",
 				HeaderNamespace+" must be at most 64 letters, digits and . _ - :")
 			return

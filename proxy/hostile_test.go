@@ -254,3 +254,40 @@ func TestClientThatStopsReadingIsCutOff(t *testing.T) {
 		t.Fatalf("read %d bytes, then %v; want the connection closed before the %d-byte answer's end", got, err, size)
 	}
 }
+
+// TestClientGoneMidBodyIsNoBadRequest: a client that closes its connection in the middle
+// of a body was answered (to nobody) 400 and counted as a bad request; it is a client that
+// left, 499, as one that leaves before its answer.
+func TestClientGoneMidBodyIsNoBadRequest(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(in.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":")
+	conn.Close()
+	redistest.WaitUntil(t, 10*time.Second, "the request ends", func() (bool, string) {
+		n := value(t, in.Reg, "llm_dedupe_requests_total", nil)
+		return n >= 1, fmt.Sprintf("%v requests ended", n)
+	})
+	if gone, bad := value(t, in.Reg, "llm_dedupe_requests_total", map[string]string{"code": "499"}),
+		value(t, in.Reg, "llm_dedupe_requests_total", map[string]string{"code": "400"}); gone != 1 || bad != 0 {
+		t.Fatalf("requests counted 499: %v, 400: %v; want 1 and 0", gone, bad)
+	}
+}
+
+// TestTwoNamespacesAreRefused: a request naming two namespaces is refused, not keyed in
+// the first one it names.
+func TestTwoNamespacesAreRefused(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{})
+	res, body, err := rawRequest(t, in.URL, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nX-Dedupe-Namespace: a\r\nX-Dedupe-Namespace: b\r\n"+
+		"Content-Type: application/json\r\nContent-Length: 13\r\n\r\n{\"model\":\"m\"}", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StatusCode != http.StatusBadRequest || !strings.Contains(body, `"code":"invalid_namespace"`) || up.Calls() != 0 {
+		t.Fatalf("got %d %s, %d upstream calls; want 400 invalid_namespace and none", res.StatusCode, body, up.Calls())
+	}
+}
