@@ -181,6 +181,7 @@ func TestEnvListSplitting(t *testing.T) {
 
 func TestInvalidConfig(t *testing.T) {
 	unknown := writeFile(t, "c.yaml", "upstream:\n  base_uri: http://x\n")
+	fraction := writeFile(t, "f.yaml", "flight:\n  max_attempts: 2.5\n")
 	tests := []struct {
 		name string
 		env  map[string]string
@@ -209,6 +210,11 @@ func TestInvalidConfig(t *testing.T) {
 		{"CA file without TLS", nil, []string{"--redis.tls_ca_file=/etc/ssl/ca.pem"}, []string{"redis.tls_ca_file"}},
 		{"zero body read timeout", nil, []string{"--limits.body_read_timeout=0s"}, []string{"limits.body_read_timeout"}},
 		{"zero send timeout", nil, []string{"--limits.send_timeout=0s"}, []string{"limits.send_timeout"}},
+		{"port out of range", nil, []string{"--listen=127.0.0.1:99999"}, []string{"listen"}},
+		{"a fraction for an integer, in a file", nil, []string{"--config", fraction}, []string{"flight.max_attempts"}},
+		{"redis without a port", nil, []string{"--redis.addrs=127.0.0.1:"}, []string{"redis.addrs"}},
+		{"redis port out of range", nil, []string{"--redis.addrs=127.0.0.1:99999"}, []string{"redis.addrs"}},
+		{"redis port 0", nil, []string{"--redis.addrs=127.0.0.1:0"}, []string{"redis.addrs"}},
 		{"zero response bytes", nil, []string{"--limits.max_response_bytes=0"}, []string{"limits.max_response_bytes"}},
 		{"zero memory bytes", nil, []string{"--flight.memory_max_bytes=0"}, []string{"flight.memory_max_bytes"}},
 		{"several at once", map[string]string{"LLM_DEDUPE_LOG_FORMAT": "xml", "LLM_DEDUPE_REDIS_DB": "-1"},

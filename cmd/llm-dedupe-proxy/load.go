@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -186,6 +187,12 @@ func decodeHook(from, to reflect.Type, data any) (any, error) {
 		if from != durationType && data != nil && !reflect.ValueOf(data).IsZero() {
 			return nil, errors.New("a bare number has no unit")
 		}
+	case isInt(to.Kind()) && (from.Kind() == reflect.Float64 || from.Kind() == reflect.Float32):
+		// A YAML 2.5 would be cut to 2 without a word; an environment variable's "2.5" is
+		// refused, and so is it.
+		if f := reflect.ValueOf(data).Float(); f != math.Trunc(f) {
+			return nil, fmt.Errorf("%v is not an integer", f)
+		}
 	case to.Kind() == reflect.Slice && from.Kind() == reflect.String:
 		out := []string{}
 		for _, item := range strings.Split(data.(string), ",") {
@@ -196,6 +203,10 @@ func decodeHook(from, to reflect.Type, data any) (any, error) {
 		return out, nil
 	}
 	return data, nil
+}
+
+func isInt(k reflect.Kind) bool {
+	return k >= reflect.Int && k <= reflect.Int64 || k >= reflect.Uint && k <= reflect.Uint64
 }
 
 // kindWord names the type of a key in flag help.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -56,9 +57,17 @@ func (c *checker) oneOf(key, v string, set ...string) {
 	c.fail(key, "must be one of %s, got %q", strings.Join(set, ", "), v)
 }
 
+// hostPort checks an address to listen on or dial: host:port, the port a number from 1 to
+// 65535 (a listen address may ask for any free port with 0).
 func (c *checker) hostPort(key, v string) {
-	if _, _, err := net.SplitHostPort(v); err != nil || v == "" {
-		c.fail(key, "must be host:port (like :8080 or 127.0.0.1:6379), got %q", v)
+	_, port, err := net.SplitHostPort(v)
+	n, perr := strconv.Atoi(port)
+	lowest := 1
+	if strings.HasSuffix(key, "listen") {
+		lowest = 0
+	}
+	if err != nil || v == "" || perr != nil || n < lowest || n > 65535 {
+		c.fail(key, "must be host:port with a port from %d to 65535 (like :8080 or 127.0.0.1:6379), got %q", lowest, v)
 	}
 }
 
