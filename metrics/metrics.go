@@ -62,7 +62,7 @@ var takeoverReasons = []string{"expired", "failed", "shutdown", "degraded"}
 // redisOps are the coordinator operations singleflight names in EventRedisError (and the
 // start-up check, "ping"), pre-initialised so that an alert on redis_errors_total sees 0
 // before the first error. An operation not listed is still counted under its own name.
-var redisOps = []string{"lookup", "claim", "incr", "renew", "append", "complete", "fail", "xread", "ping"}
+var redisOps = []string{"lookup", "claim", "incr", "renew", "append", "complete", "fail", "xread", "subscribe", "namespace", "ping"}
 
 // flightRoles are the roles a local flight can be given (EventRole), pre-initialised too.
 var flightRoles = []string{"owner", "follower", "hit"}

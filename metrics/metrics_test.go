@@ -2,6 +2,10 @@ package metrics
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -386,5 +390,40 @@ func TestRecordingDoesNotAllocate(t *testing.T) {
 	}
 	if n, err := testutil.GatherAndCount(reg, "llm_dedupe_saved_tokens_total"); err != nil || n != 2 {
 		t.Errorf("%d saved_tokens series (%v); want 2", n, err)
+	}
+}
+
+// TestEveryRedisOpIsPreinitialised reads the coordinator's source for the operations it
+// names in EventRedisError: each must start at 0 (subscribe and namespace once did not).
+func TestEveryRedisOpIsPreinitialised(t *testing.T) {
+	files, err := filepath.Glob("../singleflight/*.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no singleflight source: %v", err)
+	}
+	named := regexp.MustCompile(`EventRedisError, Op: "([a-z]+)"|redisErr\("([a-z]+)"|fenced\("([a-z]+)"|o\.final\(ctx, "([a-z]+)"|Op: op`)
+	seen := map[string]bool{}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range named.FindAllStringSubmatch(string(src), -1) {
+			for _, op := range m[1:] {
+				if op != "" {
+					seen[op] = true
+				}
+			}
+		}
+	}
+	if len(seen) < 5 {
+		t.Fatalf("found only %v in singleflight's source: the pattern no longer matches it", seen)
+	}
+	for op := range seen {
+		if !slices.Contains(redisOps, op) {
+			t.Errorf("singleflight reports Redis errors of op %q, which redis_errors_total does not start at 0", op)
+		}
 	}
 }
