@@ -14,9 +14,9 @@
 //
 // The scope (see Scopes) and the canonical body never contain a zero byte, so the three
 // parts cannot run into each other. The path is hashed as given; the proxy passes the URL
-// path, so the query string is not part of the key (a caller whose upstream reads the query,
-// as Azure's api-version, may pass path and query together). The method is hashed as sent
-// (HTTP methods are case-sensitive).
+// path and its query string with the parameters in sorted order (an upstream may read the
+// query, as Azure's api-version: ?b=2&a=1 and ?a=1&b=2 make one key, no query another).
+// The method is hashed as sent (HTTP methods are case-sensitive).
 //
 // # The canonical body
 //
