@@ -291,3 +291,24 @@ func TestTwoNamespacesAreRefused(t *testing.T) {
 		t.Fatalf("got %d %s, %d upstream calls; want 400 invalid_namespace and none", res.StatusCode, body, up.Calls())
 	}
 }
+
+// TestExtensionMethodsPassThrough: every method but a deduplicated POST is passed through,
+// an extension method (WebDAV's PROPFIND, any other token) too; chi answered them 405 with
+// no body, before looking at routes.
+func TestExtensionMethodsPassThrough(t *testing.T) {
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, r.Method+" "+r.URL.Path)
+	}))
+	t.Cleanup(gw.Close)
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{base: gw.URL})
+	for _, tc := range []struct{ method, path string }{{"PROPFIND", "/v1/models"}, {"FOO", "/v1/files"}, {"FOO", "/v1/chat/completions"}} {
+		res, body, err := rawRequest(t, in.URL, tc.method+" "+tc.path+" HTTP/1.1\r\nHost: proxy\r\n\r\n", 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := tc.method + " " + tc.path; res.StatusCode != 200 || body != want {
+			t.Errorf("%s %s: got %d %q; want 200 %q from the upstream", tc.method, tc.path, res.StatusCode, body, want)
+		}
+	}
+}

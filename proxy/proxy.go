@@ -156,7 +156,11 @@ func New(cfg Config) (*Proxy, error) {
 			p.posts[path] = h
 		}
 	}
-	r.With(p.logRequests("passthrough")).Handle("/*", p.pass)
+	passed := p.logRequests("passthrough")(p.pass)
+	r.Handle("/*", passed)
+	// chi answers a method it does not know (an extension such as PROPFIND) 405 with no
+	// body, before looking at routes: it is passed through, as every method is.
+	r.MethodNotAllowed(passed.ServeHTTP)
 	p.router = r
 	return p, nil
 }
