@@ -207,6 +207,8 @@ func TestInvalidConfig(t *testing.T) {
 		{"dedupe path shadows /metrics", nil, []string{"--dedupe.paths=/v1/chat/completions,/metrics"}, []string{"dedupe.paths"}},
 		{"dedupe path shadows /readyz", nil, []string{"--dedupe.paths=/readyz"}, []string{"dedupe.paths"}},
 		{"dedupe path pattern", nil, []string{"--dedupe.paths=/v1/*"}, []string{"dedupe.paths"}},
+		{"dedupe path with a query", nil, []string{"--dedupe.paths=/v1/x?y=1"}, []string{"dedupe.paths"}},
+		{"dedupe path with dot segments", nil, []string{"--dedupe.paths=/v1/../x"}, []string{"dedupe.paths"}},
 		{"CA file without TLS", nil, []string{"--redis.tls_ca_file=/etc/ssl/ca.pem"}, []string{"redis.tls_ca_file"}},
 		{"zero body read timeout", nil, []string{"--limits.body_read_timeout=0s"}, []string{"limits.body_read_timeout"}},
 		{"zero send timeout", nil, []string{"--limits.send_timeout=0s"}, []string{"limits.send_timeout"}},
