@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -28,6 +27,11 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 			ww := &st.w
 			*ww = statusWriter{ResponseWriter: w, draining: &p.draining, send: p.cfg.SendTimeout}
 			next.ServeHTTP(ww, r)
+			if ww.status != 0 {
+				// The server's last write (a chunked body's end) comes after the handler,
+				// maybe long after the last deadline was set (a stream quiet before its end).
+				ww.deadline()
+			}
 			d := time.Since(info.start)
 			status := ww.status
 			if status == 0 {
@@ -77,15 +81,6 @@ type statusWriter struct {
 	send     time.Duration
 }
 
-// ConnState is the server's http.Server.ConnState: it lifts the last answer's write
-// deadline (see statusWriter) when a connection goes idle, so that a keep-alive
-// connection's next answer, or the server's own, does not meet it.
-func ConnState(c net.Conn, s http.ConnState) {
-	if s == http.StateIdle {
-		_ = c.SetWriteDeadline(time.Time{})
-	}
-}
-
 func (w *statusWriter) WriteHeader(code int) {
 	switch {
 	case code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols:
@@ -103,12 +98,29 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
-	w.deadline()
-	return w.ResponseWriter.Write(b)
+	if w.send <= 0 {
+		return w.ResponseWriter.Write(b)
+	}
+	// A connection's deadline bounds a whole write: a large answer (a unary one is one
+	// Write) goes in pieces, each given SendTimeout, so that a client reading steadily but
+	// slowly is not cut off.
+	n := 0
+	for {
+		piece := b[n:min(len(b), n+sendPiece)]
+		w.deadline()
+		k, err := w.ResponseWriter.Write(piece)
+		n += k
+		if err != nil || n == len(b) {
+			return n, err
+		}
+	}
 }
 
-// deadline gives the next write to the client SendTimeout to make progress. It is lifted
-// when the connection goes idle (see IdleConn).
+// sendPiece is the most written to the client under one deadline.
+const sendPiece = 64 << 10
+
+// deadline gives the next write to the client SendTimeout to make progress. The server
+// lifts it once the answer is written, before it reads the connection's next request.
 func (w *statusWriter) deadline() {
 	if w.send > 0 {
 		_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Now().Add(w.send))

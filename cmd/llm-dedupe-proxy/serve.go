@@ -54,10 +54,9 @@ func (a *app) serve(ctx context.Context, args []string) int {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		// No WriteTimeout: a streamed answer may take as long as upstream.timeout. A client
-		// that stops reading is cut off by limits.send_timeout instead, each write's
-		// deadline lifted when its connection goes idle.
-		ConnState: proxy.ConnState,
-		ErrorLog:  slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		// that stops reading is cut off by limits.send_timeout instead (a deadline per
+		// write, which the server lifts after each answer).
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 	stopAdmin, err := serveAdmin(cfg.Admin.Listen, wired.admin, logger)
 	if err != nil {

@@ -1,0 +1,104 @@
+package proxy_test
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
+)
+
+// TestSlowButSteadyClientGetsWholeUnaryAnswer: limits.send_timeout bounds a write that
+// makes no progress (nginx's send_timeout: between two successive writes), not a whole
+// answer. A unary answer is one Write of the whole body, and a connection's write deadline
+// bounds a whole Write: it is written in pieces, each with a deadline of its own, so that a
+// client reading steadily but slowly is not cut off mid-answer.
+func TestSlowButSteadyClientGetsWholeUnaryAnswer(t *testing.T) {
+	const size = 16 << 20
+	pad := strings.Repeat("x", size)
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[],"pad":"`+pad+`"}`)
+	}))
+	t.Cleanup(gw.Close)
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{base: gw.URL, proxy: func(c *proxy.Config) { c.SendTimeout = time.Second }})
+
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 32<<10) })
+	}}
+	conn, err := d.Dial("tcp", strings.TrimPrefix(in.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"model":"m","messages":[{"role":"user","content":"slow reader"}]}`
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+	// Read steadily at about 4 MB/s: never a pause anywhere near SendTimeout.
+	buf := make([]byte, 64<<10)
+	var got int
+	var longest time.Duration
+	last := time.Now()
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	for {
+		n, err := conn.Read(buf)
+		got += n
+		if n > 0 {
+			if gap := time.Since(last); gap > longest {
+				longest = gap
+			}
+			last = time.Now()
+		}
+		if err != nil {
+			break
+		}
+		time.Sleep(16 * time.Millisecond)
+	}
+	if got < size {
+		t.Fatalf("read %d of more than %d bytes, the longest gap between two reads %v (SendTimeout 1s): a client taking its answer steadily was cut off",
+			got, size, longest)
+	}
+}
+
+// TestStreamEndingAfterAQuietSpellEndsCleanly: the write deadline of the last Write or
+// Flush stays on the connection while the handler waits for the upstream's end; when the
+// upstream ends its stream more than SendTimeout after its last event (upstream.idle_timeout
+// allows it, and passthrough has no idle limit at all), net/http's final write of the
+// chunked body's terminator met the passed deadline: the client, which had read every
+// byte, got a broken body ("unexpected EOF") instead of a clean end. The deadline is set
+// anew when the handler returns.
+func TestStreamEndingAfterAQuietSpellEndsCleanly(t *testing.T) {
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+		http.NewResponseController(w).Flush()
+		time.Sleep(1500 * time.Millisecond) // quiet, then the end
+	}))
+	t.Cleanup(gw.Close)
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{base: gw.URL, proxy: func(c *proxy.Config) {
+		c.SendTimeout = time.Second
+		c.IdleTimeout = 5 * time.Second
+	}})
+	for _, path := range []string{"/v1/chat/completions", "/v1/threads/runs"} {
+		t.Run(path, func(t *testing.T) {
+			res, err := http.Post(in.URL+path, "application/json",
+				strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"quiet end"}]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer res.Body.Close()
+			b, err := io.ReadAll(res.Body)
+			if err != nil || !strings.Contains(string(b), "[DONE]") {
+				t.Fatalf("read %q, then %v; want the whole stream and a clean end (SendTimeout 1s, the upstream quiet 1.5s before its end)", b, err)
+			}
+		})
+	}
+}
