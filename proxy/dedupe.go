@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
@@ -55,8 +54,6 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			case errors.Is(err, errBodyTimeout):
 				writeBodyTimeout(w)
 				return
-			case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET), r.Context().Err() != nil:
-				return // the client left mid-body: nobody to answer (logged and counted as 499)
 			}
 			writeError(w, http.StatusBadRequest, "invalid_request_error", "body_unreadable", "the request body could not be read")
 			return
