@@ -107,6 +107,9 @@ func (r *remote) probe() {
 		case <-t.C:
 		}
 		up := r.answering()
+		if r.g.hooks.probed != nil {
+			r.g.hooks.probed()
+		}
 		r.mu.Lock()
 		for s := range r.down {
 			if up(s) {
@@ -126,15 +129,16 @@ func (r *remote) probe() {
 }
 
 // answering asks Redis which shards answer now. The whole Redis ("") answers when it takes
-// a write (see usable). In a Cluster, a shard answers when its master answers a PING, or
+// a write (see usable); a Cluster, when any of its masters answers a PING (a server that is
+// no Cluster has none). In a Cluster, a shard answers when its master answers a PING, or
 // when it is no master any more: its slots moved to a promoted replica, which a reloaded
 // layout names instead.
 func (r *remote) answering() func(shard string) bool {
 	ctx, cancel := context.WithTimeout(r.g.ctx, time.Second)
 	defer cancel()
-	whole := r.usable(ctx, r.rdb) == nil
 	c, ok := r.rdb.(*redis.ClusterClient)
 	if !ok {
+		whole := r.usable(ctx, r.rdb) == nil
 		return func(string) bool { return whole }
 	}
 	var mu sync.Mutex
@@ -147,6 +151,10 @@ func (r *remote) answering() func(shard string) bool {
 		mu.Unlock()
 		return err
 	})
+	whole := false
+	for _, ok := range masters {
+		whole = whole || ok
+	}
 	return func(shard string) bool {
 		if shard == "" {
 			return whole

@@ -226,6 +226,7 @@ type hooks struct {
 	resumed      func()                    // a parked follower was woken
 	completed    func()                    // an owner's final write landed, before its flight ends here
 	leadStarted  func()                    // a flight's lead goroutine started; its first caller is not counted yet (g.mu held)
+	probed       func()                    // the probe of a degraded Redis asked it once
 }
 
 type storedResult struct {

@@ -2,7 +2,9 @@ package singleflight
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +28,13 @@ func TestRedisThatRefusesTheProxyStaysDegraded(t *testing.T) {
 		"db out of range": func() redis.UniversalClient {
 			return redis.NewClient(&redis.Options{Addr: master.Addr, DB: 99, MaxRetries: 1})
 		},
+		"ACL user without the channels": func() redis.UniversalClient {
+			if err := master.Client().Do(context.Background(), "ACL", "SETUSER", "nochannels", "on", ">pw-0123456789",
+				"~ai:flight:*", "resetchannels", "+@all").Err(); err != nil {
+				t.Fatal(err)
+			}
+			return redis.NewClient(&redis.Options{Addr: master.Addr, Username: "nochannels", Password: "pw-0123456789", MaxRetries: 1})
+		},
 		"cluster client, server no cluster": func() redis.UniversalClient {
 			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{master.Addr, master.Addr}, MaxRetries: 1})
 		},
@@ -33,10 +42,10 @@ func TestRedisThatRefusesTheProxyStaysDegraded(t *testing.T) {
 	for name, client := range cases {
 		t.Run(name, func(t *testing.T) {
 			rdb := client()
-			probes := &cmdCounter{match: scriptCalls(usableScript)}
-			rdb.AddHook(probes)
 			rec := newRecorder()
 			g := New(Options{Redis: rdb, Observer: rec})
+			var probes atomic.Int64
+			g.hooks.probed = func() { probes.Add(1) }
 			t.Cleanup(func() { g.Close(context.Background()); rdb.Close() })
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -44,11 +53,46 @@ func TestRedisThatRefusesTheProxyStaysDegraded(t *testing.T) {
 				t.Fatalf("Check: %v, degraded %v; want an error and the Group degraded", err, g.Degraded())
 			}
 			// The probe asks again every 250 ms: three rounds, and still degraded.
-			asked := probes.n.Load()
-			waitCond(t, 5*time.Second, "three probes", func() bool { return probes.n.Load() >= asked+3 })
+			waitCond(t, 5*time.Second, "three probes", func() bool { return probes.Load() >= 3 })
 			if n := rec.count(EventRecovered); n != 0 || !g.Degraded() {
 				t.Fatalf("%d recoveries, degraded %v; want none and degraded", n, g.Degraded())
 			}
 		})
 	}
+}
+
+// In a Cluster the probe's write goes to one shard, the probe key's: that shard down
+// degrades its own keys, not the whole instance (the first version of the write probe left
+// every key local-only until that one master came back).
+func TestClusterProbeKeyShardDownDegradesOnlyItsShard(t *testing.T) {
+	c := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3, PartialCoverage: true})
+	rdb := c.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := rdb.Ping(ctx).Err(); err != nil { // the layout is known before the kill
+		t.Fatal(err)
+	}
+	dead, err := c.MasterOf("ai:flight:probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Kill(dead)
+	g := New(Options{Redis: rdb})
+	t.Cleanup(func() { g.Close(context.Background()) })
+	if err := g.Check(ctx); err == nil {
+		t.Fatal("Check: no error with the probe key's master down")
+	}
+	// A flight key on a master that runs.
+	var key string
+	for i := 0; key == ""; i++ {
+		k := fmt.Sprintf("%064x", i)
+		m, err := c.MasterOf(g.remote.keys(k).meta)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m != dead {
+			key = k
+		}
+	}
+	waitCond(t, 5*time.Second, "a key whose master runs is not local-only", func() bool { return !g.remote.degradedFor(key) })
 }

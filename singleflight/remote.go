@@ -250,8 +250,10 @@ func unavailable(err error) bool {
 		}
 		// Refusals of a configuration rather than of a command: redis.db out of range
 		// (every connection's SELECT fails), several addresses naming a server that is no
-		// Cluster.
-		return strings.Contains(msg, "DB index is out of range") || strings.Contains(msg, "cluster support disabled")
+		// Cluster. And an ACL user whose scripts may not run a command or publish on a
+		// channel (Redis 7 gives new users no channel).
+		return strings.Contains(msg, "DB index is out of range") || strings.Contains(msg, "cluster support disabled") ||
+			strings.Contains(msg, "The user executing the script can't")
 	}
 	return true
 }

@@ -252,7 +252,7 @@ func degradedMessage(err error) (string, slog.Level) {
 		switch {
 		case strings.HasPrefix(msg, "NOAUTH"), strings.HasPrefix(msg, "WRONGPASS"):
 			return "redis authentication failed: check redis.username and redis.password" + local, slog.LevelError
-		case strings.HasPrefix(msg, "NOPERM"):
+		case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "The user executing the script can't"):
 			return "redis refused a command: the ACL user lacks a permission the proxy needs" + local, slog.LevelError
 		case strings.Contains(msg, "DB index is out of range"):
 			return "redis refused redis.db: the server has fewer databases" + local, slog.LevelError
