@@ -15,17 +15,20 @@ import (
 var errBodyTimeout = errors.New("proxy: the client sent no request body bytes for body_read_timeout")
 
 // guard refuses what no route may see, before routing: CONNECT (this is a reverse proxy
-// of one API, not a tunnel) and paths with dot segments, which the upstream or a gateway
+// of one API, not a tunnel), TRACE and TRACK, and paths with dot segments, which the upstream or a gateway
 // in front of it would resolve outside the base URL's prefix. It bounds the wait between
 // two reads of a request body, like nginx's client_body_timeout: only a header timeout is
 // set on the server, so a client that stops mid-body would hold its connection forever.
 //
 // It also gives the request its state (see reqState), also when it has no body.
 func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
-	if r.Method == http.MethodConnect {
+	switch r.Method {
+	case http.MethodConnect, http.MethodTrace, "TRACK":
+		// TRACE would have an upstream that echoes it show the request as sent, with the
+		// proxy's own upstream.api_key.
 		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
 		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
-			"CONNECT is not supported: this is a reverse proxy of an OpenAI-compatible API")
+			r.Method+" is not supported: this is a reverse proxy of an OpenAI-compatible API")
 		return r, false
 	}
 	if hasDotSegment(r.URL.Path) {

@@ -150,16 +150,22 @@ func TestDotSegmentsNeverLeaveThePrefix(t *testing.T) {
 }
 
 // TestConnectRefused: the proxy is a reverse proxy of one API, never a forward proxy or a
-// tunnel: CONNECT is refused with 405.
+// tunnel: CONNECT is refused with 405; so are TRACE and TRACK, which an upstream that
+// echoes them would answer with the request as sent, the proxy's own API key in it.
 func TestConnectRefused(t *testing.T) {
 	up := startUpstream(t)
-	in := newInstance(t, up, setup{})
-	res, body, err := rawRequest(t, in.URL, "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
+	in := newInstance(t, up, setup{proxy: func(c *proxy.Config) { c.APIKey = "sk-proxy" }})
+	for _, line := range []string{"CONNECT example.com:443", "TRACE /v1/models", "TRACK /v1/models"} {
+		res, body, err := rawRequest(t, in.URL, line+" HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.StatusCode != http.StatusMethodNotAllowed || !strings.Contains(body, `"code":"method_not_allowed"`) {
+			t.Errorf("%s: got %d %s; want 405 with code method_not_allowed", line, res.StatusCode, body)
+		}
 	}
-	if res.StatusCode != http.StatusMethodNotAllowed || !strings.Contains(body, `"code":"method_not_allowed"`) {
-		t.Errorf("CONNECT: got %d %s; want 405 with code method_not_allowed", res.StatusCode, body)
+	if up.Calls() != 0 {
+		t.Errorf("%d upstream calls; want none", up.Calls())
 	}
 }
 
