@@ -27,17 +27,7 @@ func TestFollowerWaitsOutARedisRestartLateInItsWait(t *testing.T) {
 	oa, ob := o, o
 	oa.Observer, ob.Observer = recA, recB
 	a, other := b.group(t, oa), b.group(t, ob)
-	key := uniqueKey()
-	rp := newReply("call 1")
-	running := make(chan struct{}, 2)
-	fn := started(running, rp.fn)
-	led := doAsync(t, a, key, CallOptions{Inline: true}, fn)
-	<-running
-	follower, err := other.Do(key, false, fn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	recB.waitMatch(t, "the other instance follows", func(e Event) bool { return e.Kind == EventRole && e.Role == RoleFollower }, 5*time.Second)
+	rp, led, follower := ownAndFollow(t, a, other)
 	// Renewal rounds for more than the lease the follower's lookup gave it: from then on
 	// only the owner's alive messages keep it waiting.
 	from := a.remote.renewer.round.Load()
@@ -102,17 +92,7 @@ func TestStreamEndingDuringARedisRestartReachesFollowers(t *testing.T) {
 func TestUnaryEndingDuringARedisRestartReachesFollowers(t *testing.T) {
 	srv := redistest.Start(t)
 	a, other, recA := restartPair(t, srv)
-	key := uniqueKey()
-	rp := newReply("call 1")
-	running := make(chan struct{}, 2)
-	fn := started(running, rp.fn)
-	led := doAsync(t, a, key, CallOptions{Inline: true}, fn)
-	<-running
-	rb, err := other.Do(key, false, fn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitCond(t, 5*time.Second, "the other instance follows", func() bool { return other.flightRole(key) == RoleFollower })
+	rp, led, rb := ownAndFollow(t, a, other)
 
 	endDuringRestart(t, srv, recA, rp.release)
 
@@ -121,7 +101,30 @@ func TestUnaryEndingDuringARedisRestartReachesFollowers(t *testing.T) {
 			t.Fatalf("%s got (%q, %v); want call 1", name, out.body, out.err)
 		}
 	}
-	wantStored(t, srv, key, "call 1", rp.calls.Load())
+	wantStored(t, srv, rp.key, "call 1", rp.calls.Load())
+}
+
+// owned is a unary flight a owns, answering "call 1" once released.
+type owned struct {
+	*reply
+	key string
+}
+
+// ownAndFollow starts a unary flight of a new key on a, held until released, and a caller
+// of it on other, once other follows it.
+func ownAndFollow(t *testing.T, a, other *Group) (rp owned, owner <-chan *Reader, follower *Reader) {
+	t.Helper()
+	rp = owned{newReply("call 1"), uniqueKey()}
+	running := make(chan struct{}, 2)
+	fn := started(running, rp.fn)
+	owner = doAsync(t, a, rp.key, CallOptions{Inline: true}, fn)
+	<-running
+	follower, err := other.Do(rp.key, false, fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, 5*time.Second, "the other instance follows", func() bool { return other.flightRole(rp.key) == RoleFollower })
+	return rp, owner, follower
 }
 
 // restartPair is two instances of srv, their clients set up as the proxy's are, with a
