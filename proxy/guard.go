@@ -15,7 +15,7 @@ import (
 var errBodyTimeout = errors.New("proxy: the client sent no request body bytes for body_read_timeout")
 
 // guard refuses what no route may see, before routing: CONNECT (this is a reverse proxy
-// of one API, not a tunnel), TRACE and TRACK, and paths with dot segments, which the upstream or a gateway
+// of one API, not a tunnel), TRACE and TRACK, the HTTP/2 preface (no h2c), and paths with dot segments, which the upstream or a gateway
 // in front of it would resolve outside the base URL's prefix. It bounds the wait between
 // two reads of a request body, like nginx's client_body_timeout: only a header timeout is
 // set on the server, so a client that stops mid-body would hold its connection forever.
@@ -23,6 +23,10 @@ var errBodyTimeout = errors.New("proxy: the client sent no request body bytes fo
 // It also gives the request its state (see reqState), also when it has no body.
 func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
 	switch r.Method {
+	case "PRI": // the HTTP/2 preface, which net/http passes on to a server without h2c
+		writeError(w, http.StatusHTTPVersionNotSupported, "invalid_request_error", "h2c_not_supported",
+			"HTTP/2 without TLS (h2c) is not supported: use HTTP/1.1, or HTTP/2 over TLS in front of the proxy")
+		return r, false
 	case http.MethodConnect, http.MethodTrace, "TRACK":
 		// TRACE would have an upstream that echoes it show the request as sent, with the
 		// proxy's own upstream.api_key.

@@ -320,3 +320,21 @@ func TestExtensionMethodsPassThrough(t *testing.T) {
 		}
 	}
 }
+
+// TestH2CPrefaceRefused: net/http hands the HTTP/2 preface ("PRI * HTTP/2.0") to the handler
+// of a server without h2c; it is refused, not passed through as an extension method.
+func TestH2CPrefaceRefused(t *testing.T) {
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "upstream "+r.Method)
+	}))
+	t.Cleanup(gw.Close)
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{base: gw.URL})
+	res, body, err := rawRequest(t, in.URL, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StatusCode != http.StatusHTTPVersionNotSupported || !strings.Contains(body, `"code":"h2c_not_supported"`) {
+		t.Fatalf("got %d %q; want 505 with code h2c_not_supported", res.StatusCode, body)
+	}
+}
