@@ -58,15 +58,11 @@ func (c *checker) oneOf(key, v string, set ...string) {
 	c.fail(key, "must be one of %s, got %q", strings.Join(set, ", "), v)
 }
 
-// hostPort checks an address to listen on or dial: host:port, the port a number from 1 to
-// 65535 (a listen address may ask for any free port with 0).
-func (c *checker) hostPort(key, v string) {
+// hostPort checks an address to listen on or dial: host:port, the port a number from
+// lowest to 65535 (a listen address may ask for any free port with 0, a dialled one not).
+func (c *checker) hostPort(key, v string, lowest int) {
 	_, port, err := net.SplitHostPort(v)
 	n, perr := strconv.Atoi(port)
-	lowest := 1
-	if strings.HasSuffix(key, "listen") {
-		lowest = 0
-	}
 	if err != nil || v == "" || perr != nil || n < lowest || n > 65535 {
 		c.fail(key, "must be host:port with a port from %d to 65535 (like :8080 or 127.0.0.1:6379), got %q", lowest, v)
 	}
@@ -75,7 +71,7 @@ func (c *checker) hostPort(key, v string) {
 // validate returns every rule cfg breaks, joined, or nil.
 func validate(cfg Config) error {
 	var c checker
-	c.hostPort("listen", cfg.Listen)
+	c.hostPort("listen", cfg.Listen, 0)
 
 	if u, err := url.Parse(cfg.Upstream.BaseURL); err != nil || u.Host == "" ||
 		(u.Scheme != "http" && u.Scheme != "https") {
@@ -86,7 +82,7 @@ func validate(cfg Config) error {
 
 	r := cfg.Redis
 	for _, a := range r.Addrs {
-		c.hostPort("redis.addrs", a)
+		c.hostPort("redis.addrs", a, 1)
 	}
 	if r.MasterName != "" && len(r.Addrs) == 0 {
 		c.fail("redis.master_name", "needs redis.addrs (the Sentinel addresses)")
@@ -159,7 +155,7 @@ func validate(cfg Config) error {
 		}
 	}
 	if cfg.Admin.Listen != "" {
-		c.hostPort("admin.listen", cfg.Admin.Listen)
+		c.hostPort("admin.listen", cfg.Admin.Listen, 0)
 		if cfg.Admin.Token == "" {
 			c.fail("admin.token", "must be set when admin.listen is set (every admin request must carry it)")
 		} else if len(cfg.Admin.Token) < 16 {
