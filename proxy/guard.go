@@ -35,7 +35,7 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 			r.Method+" is not supported: this is a reverse proxy of an OpenAI-compatible API")
 		return r, false
 	}
-	if hasDotSegment(r.URL.Path) {
+	if HasDotSegment(r.URL.Path) {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_path",
 			"the request path has \".\" or \"..\" segments, plain or percent-encoded")
 		return r, false
@@ -68,9 +68,10 @@ func stateFrom(ctx context.Context) *reqState {
 	return st
 }
 
-// hasDotSegment reports whether path (decoded: %2e%2e and %2f are already "." and "/")
-// has a "." or ".." segment, with "\" also taken as a separator, as some servers do.
-func hasDotSegment(path string) bool {
+// HasDotSegment reports whether path (decoded: %2e%2e and %2f are already "." and "/")
+// has a "." or ".." segment, with "\" also taken as a separator, as some servers do: such a
+// request is refused before routing.
+func HasDotSegment(path string) bool {
 	for path != "" {
 		seg, rest := path, ""
 		if i := strings.IndexAny(path, `/\`); i >= 0 {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -142,7 +141,7 @@ func validate(cfg Config) error {
 			c.fail("dedupe.paths", "%s is the proxy's own endpoint; a route there would shadow it", p)
 		case strings.ContainsAny(p, "{}*"):
 			c.fail("dedupe.paths", "each path must be a literal path, not a pattern, got %q", p)
-		case strings.ContainsAny(p, "?#%\\") || slices.ContainsFunc(strings.Split(p, "/"), func(seg string) bool { return seg == "." || seg == ".." }):
+		case strings.ContainsAny(p, "?#%\\") || proxy.HasDotSegment(p):
 			// No request could match it: a query is not part of a route, and a path
 			// with dot segments is refused before routing.
 			c.fail("dedupe.paths", "each path must be a plain path, without a query, %%-escapes or . and .. segments, got %q", p)
