@@ -3,6 +3,7 @@ package singleflight
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha1"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -248,6 +249,23 @@ func scriptRuns(script *redis.Script) func(redis.Cmder) bool {
 	return func(cmd redis.Cmder) bool {
 		a := cmd.Args()
 		return len(a) > 1 && a[0] == "evalsha" && a[1] == script.Hash()
+	}
+}
+
+// scriptCalls matches the runs of script, by EVALSHA or (the first, on a Redis that did not
+// have it) EVAL.
+func scriptCalls(script *redis.Script) func(redis.Cmder) bool {
+	bySHA := scriptRuns(script)
+	return func(cmd redis.Cmder) bool {
+		if bySHA(cmd) {
+			return true
+		}
+		a := cmd.Args()
+		if len(a) < 2 || a[0] != "eval" {
+			return false
+		}
+		src, _ := a[1].(string)
+		return fmt.Sprintf("%x", sha1.Sum([]byte(src))) == script.Hash()
 	}
 }
 

@@ -2,7 +2,6 @@ package singleflight
 
 import (
 	"context"
-	"crypto/sha1"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -234,25 +233,6 @@ func TestCompleteAfterARolledBackStreamLeavesNoHole(t *testing.T) {
 	b.release()
 	if out := readWithin(rb, 10*time.Second); out.err == nil && string(first)+out.body != owner.body {
 		t.Fatalf("the follower got %q as a whole answer; the call answered %q", string(first)+out.body, owner.body)
-	}
-}
-
-// scriptCalls matches the runs of script, by EVALSHA or (the first, on a Redis that did not
-// have it) EVAL.
-func scriptCalls(script *redis.Script) func(redis.Cmder) bool {
-	return func(cmd redis.Cmder) bool {
-		a := cmd.Args()
-		if len(a) < 2 {
-			return false
-		}
-		switch a[0] {
-		case "evalsha":
-			return a[1] == script.Hash()
-		case "eval":
-			src, _ := a[1].(string)
-			return fmt.Sprintf("%x", sha1.Sum([]byte(src))) == script.Hash()
-		}
-		return false
 	}
 }
 
