@@ -15,10 +15,11 @@ import (
 var errBodyTimeout = errors.New("proxy: the client sent no request body bytes for body_read_timeout")
 
 // guard refuses what no route may see, before routing: CONNECT (this is a reverse proxy
-// of one API, not a tunnel), TRACE and TRACK, the HTTP/2 preface (no h2c), and paths with dot segments, which the upstream or a gateway
-// in front of it would resolve outside the base URL's prefix. It bounds the wait between
-// two reads of a request body, like nginx's client_body_timeout: only a header timeout is
-// set on the server, so a client that stops mid-body would hold its connection forever.
+// of one API, not a tunnel), TRACE and TRACK, the HTTP/2 preface (no h2c), and paths with
+// dot segments, which the upstream or a gateway in front of it would resolve outside the
+// base URL's prefix. It bounds the wait between two reads of a request body, like nginx's
+// client_body_timeout: only a header timeout is set on the server, so a client that stops
+// mid-body would hold its connection forever.
 //
 // It also gives the request its state (see reqState), also when it has no body.
 func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
