@@ -1,8 +1,10 @@
 package singleflight
 
 import (
+	"bufio"
 	"context"
 	"io"
+	"net"
 	"runtime"
 	"strconv"
 	"strings"
@@ -229,6 +231,31 @@ func BenchmarkAfterQuiet(b *testing.B) {
 	}
 	b.Run("ping", func(b *testing.B) {
 		quiet(b, func() { rdb.Ping(ctx) })
+	})
+	// The floor under any client: a PING written to a plain socket and its reply read,
+	// after the same quiet and back to back. What the quiet adds here is the machine's
+	// (waking Redis and this process), not the client library's nor the proxy's.
+	conn, err := net.Dial("tcp", rdb.Options().Addr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	rawPing := func() {
+		if _, err := conn.Write([]byte("PING\r\n")); err != nil {
+			b.Fatal(err)
+		}
+		if l, err := br.ReadString('\n'); err != nil || l != "+PONG\r\n" {
+			b.Fatalf("PING: %q, %v", l, err)
+		}
+	}
+	b.Run("ping-plain-socket", func(b *testing.B) {
+		quiet(b, rawPing)
+	})
+	b.Run("ping-plain-socket-back-to-back", func(b *testing.B) {
+		for b.Loop() {
+			rawPing()
+		}
 	})
 	one := redis.NewScript("return 1")
 	b.Run("script", func(b *testing.B) {
