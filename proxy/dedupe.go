@@ -106,9 +106,7 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 		defer rd.Close()
 		if served, cut := ho.endInline(); served {
 			info.role = singleflight.RoleOwner.String()
-			if cut != nil {
-				panic(http.ErrAbortHandler) // its own answer, cut short: not a whole one
-			}
+			info.abort = cut != nil // its own answer, cut short: not a whole one
 			return
 		}
 		p.respond(w, r, route, req, &source{rd: rd, ho: ho}, info)
@@ -201,11 +199,10 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 			}
 			info.broken = true
 			ok = false
-			if rd.priv && !sse {
-				// Its own answer, cut short: the client must see a broken answer, not
-				// a whole one (a chunked body would end cleanly).
-				panic(http.ErrAbortHandler)
-			}
+			// Its own answer cut short, or a client gone (see requestInfo.abort): the
+			// client must see a broken answer, not a whole one (a chunked body would end
+			// cleanly).
+			info.abort = (rd.priv && !sse) || ctx.Err() != nil
 		}
 	}
 	if ok && counted {
@@ -316,5 +313,9 @@ type requestInfo struct {
 	role   string
 	key    string
 	broken bool
-	start  time.Time
+	// abort: the answer must not look whole to the client (its own answer cut short, or a
+	// client taken for gone, which may still be reading a half-closed connection): the
+	// connection is closed with no clean end, once the request is logged.
+	abort bool
+	start time.Time
 }

@@ -248,7 +248,7 @@ func TestClientThatStopsReadingIsCutOff(t *testing.T) {
 	}
 	defer conn.Close()
 	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"never read"}]}`
-	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer sk-test-1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 	// Read nothing until the proxy has ended the request.
 	redistest.WaitUntil(t, 20*time.Second, "the proxy ends the answer nobody reads", func() (bool, string) {
 		n := value(t, in.Reg, "llm_dedupe_requests_total", nil)
@@ -337,4 +337,77 @@ func TestH2CPrefaceRefused(t *testing.T) {
 	if res.StatusCode != http.StatusHTTPVersionNotSupported || !strings.Contains(body, `"code":"h2c_not_supported"`) {
 		t.Fatalf("got %d %q; want 505 with code h2c_not_supported", res.StatusCode, body)
 	}
+}
+
+// TestClientThatLeftGetsNoFalseAnswer: a client that half-closes its connection after its
+// request (as `nc -N` does) is taken for gone, as net/http cancels its request; it still
+// reads, so what it reads must not look like a whole answer. A follower that left before
+// its answer used to get net/http's default, an empty 200; one that left mid-stream, a
+// cleanly ended chunked body. Both now find the connection closed, and are counted 499
+// in the role they had.
+func TestClientThatLeftGetsNoFalseAnswer(t *testing.T) {
+	// send writes body as a request on a new connection, whose reader is returned.
+	send := func(t *testing.T, base, body string) (*bufio.Reader, *net.TCPConn) {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer sk-test-1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		return bufio.NewReader(conn), conn.(*net.TCPConn)
+	}
+	t.Run("before its answer", func(t *testing.T) {
+		up := startUpstream(t)
+		up.Set(fakeHold())
+		in := newInstance(t, up, setup{})
+		started := up.Started()
+		owner := make(chan answer, 1)
+		go func() { owner <- post(t, in.URL, "/v1/chat/completions", chatBody) }()
+		<-started
+		br, conn := send(t, in.URL, chatBody)
+		conn.CloseWrite()
+		got, err := io.ReadAll(br)
+		if err != nil || len(got) > 0 {
+			t.Fatalf("a follower that left read %q (%v); want the connection closed with nothing sent", got, err)
+		}
+		up.Release()
+		if a := <-owner; a.status != http.StatusOK || a.body == "" {
+			t.Fatalf("the owner's client got %d %q", a.status, a.body)
+		}
+		if n := value(t, in.Reg, "llm_dedupe_requests_total", map[string]string{"role": "follower", "code": "499"}); n != 1 {
+			t.Fatalf("follower requests counted 499: %v; want 1", n)
+		}
+	})
+	t.Run("mid-stream", func(t *testing.T) {
+		up := startUpstream(t)
+		up.Set(fakeBehavior{Hold: true}) // the last event is held
+		in := newInstance(t, up, setup{})
+		started := up.Started()
+		owner := openStream(t, in.URL, streamBody)
+		<-started
+		br, conn := send(t, in.URL, streamBody)
+		res, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := bufio.NewReader(res.Body)
+		for {
+			l, err := body.ReadString('\n')
+			if err != nil {
+				t.Fatalf("stream ended before its first event: %v", err)
+			}
+			if strings.Contains(l, "tok0") {
+				break
+			}
+		}
+		conn.CloseWrite()
+		if rest, err := io.ReadAll(body); err == nil {
+			t.Fatalf("a follower that left mid-stream read the rest as a whole answer %q; want it cut off", rest)
+		}
+		up.Release()
+		if got := owner.rest(); !strings.Contains(got, "[DONE]") {
+			t.Fatalf("the owner's stream %q", got)
+		}
+	})
 }

@@ -40,22 +40,32 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 			if route != "passthrough" {
 				p.cfg.Recorder.Request(route, info.role, status, d)
 			}
-			if !p.cfg.Logger.Enabled(r.Context(), slog.LevelInfo) {
-				return // no line is written: its attributes need not be made either
+			if p.cfg.Logger.Enabled(r.Context(), slog.LevelInfo) { // else its attributes need not be made
+				p.logRequest(r, route, info, status, d)
 			}
-			attrs := []slog.Attr{
-				slog.String("method", r.Method), slog.String("route", route), slog.String("role", info.role),
-				slog.Int("status", status), slog.Float64("duration_ms", float64(d.Microseconds())/1000),
+			if info.abort || (ww.status == 0 && r.Context().Err() != nil) {
+				// Nothing written, the client taken for gone: net/http would send an empty
+				// 200, which a client still reading a half-closed connection takes for an
+				// answer. Closing the connection says what happened, as nginx's 499 does.
+				panic(http.ErrAbortHandler)
 			}
-			if len(info.key) >= 12 {
-				attrs = append(attrs, slog.String("key", info.key[:12]))
-			}
-			if info.broken {
-				attrs = append(attrs, slog.Bool("interrupted", true))
-			}
-			p.cfg.Logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 		})
 	}
+}
+
+// logRequest writes a request's line.
+func (p *Proxy) logRequest(r *http.Request, route string, info *requestInfo, status int, d time.Duration) {
+	attrs := []slog.Attr{
+		slog.String("method", r.Method), slog.String("route", route), slog.String("role", info.role),
+		slog.Int("status", status), slog.Float64("duration_ms", float64(d.Microseconds())/1000),
+	}
+	if len(info.key) >= 12 {
+		attrs = append(attrs, slog.String("key", info.key[:12]))
+	}
+	if info.broken {
+		attrs = append(attrs, slog.Bool("interrupted", true))
+	}
+	p.cfg.Logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }
 
 // statusWriter records the status of an answer for its log line and metrics, as chi's

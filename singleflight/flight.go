@@ -259,7 +259,7 @@ type Reader struct {
 }
 
 // Next returns the next chunk of the outcome, blocking until one is there. After the last
-// chunk it returns io.EOF. Head and Role are valid once Next has returned a chunk or io.EOF.
+// chunk it returns io.EOF. Head is valid once Next has returned a chunk or io.EOF.
 // A reader that has delivered bytes of a generation that was then abandoned gets
 // ErrGenerationChanged; a flight that failed for good gives an error wrapping ErrFailed.
 func (r *Reader) Next(ctx context.Context) ([]byte, error) {
@@ -370,8 +370,19 @@ func (r *Reader) nextPrivate() ([]byte, error) {
 // Head returns the status and headers of the outcome being read.
 func (r *Reader) Head() Head { return r.head }
 
-// Role says how this caller was served.
-func (r *Reader) Role() Role { return r.role }
+// Role says how this caller was served; before anything was delivered (its wait ended
+// first), the role the flight had decided for it, or RoleUnknown if none was yet.
+func (r *Reader) Role() Role {
+	if r.delivered || r.closed {
+		return r.role
+	}
+	r.f.mu.Lock()
+	defer r.f.mu.Unlock()
+	if r.f.role == RoleOwner && !r.leader {
+		return RoleFollower
+	}
+	return r.f.role
+}
 
 // Age is how old a stored result was when it was served (role hit).
 func (r *Reader) Age() time.Duration { return r.age }
