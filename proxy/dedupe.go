@@ -29,7 +29,7 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			st = &reqState{}
 		}
 		info := &st.info
-		if r.Header.Get(HeaderBypass) == "1" || r.Header.Get("Content-Encoding") != "" {
+		if ce := r.Header.Get("Content-Encoding"); r.Header.Get(HeaderBypass) == "1" || (ce != "" && !strings.EqualFold(ce, "identity")) {
 			// Straight upstream: asked for, or a compressed body the key cannot see into.
 			info.role = "bypass"
 			w.Header().Set(HeaderRole, "bypass")
@@ -59,7 +59,12 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			return
 		}
 		ns := r.Header.Get(HeaderNamespace)
-		if len(r.Header.Values(HeaderNamespace)) > 1 || !validNamespace(ns) {
+		if len(r.Header.Values(HeaderNamespace)) > 1 {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_namespace",
+				"send only one "+HeaderNamespace+" header")
+			return
+		}
+		if !validNamespace(ns) {
 			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_namespace",
 				HeaderNamespace+" must be at most 64 letters, digits and . _ - :")
 			return

@@ -295,8 +295,43 @@ func TestTwoNamespacesAreRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.StatusCode != http.StatusBadRequest || !strings.Contains(body, `"code":"invalid_namespace"`) || up.Calls() != 0 {
-		t.Fatalf("got %d %s, %d upstream calls; want 400 invalid_namespace and none", res.StatusCode, body, up.Calls())
+	if res.StatusCode != http.StatusBadRequest || !strings.Contains(body, `"code":"invalid_namespace"`) || !strings.Contains(body, "only one") || up.Calls() != 0 {
+		t.Fatalf("got %d %s, %d upstream calls; want 400 invalid_namespace saying only one is allowed, and no call", res.StatusCode, body, up.Calls())
+	}
+}
+
+// TestAsteriskTargetRefused: a request target that is no path ("*", which only OPTIONS may
+// use, and net/http answers itself) is refused as a bad path, in JSON; the router answered
+// a plain-text 404.
+func TestAsteriskTargetRefused(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{})
+	for _, method := range []string{"POST", "GET"} {
+		res, body, err := rawRequest(t, in.URL, method+" * HTTP/1.1\r\nHost: proxy\r\nContent-Length: 2\r\n\r\n{}", 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.StatusCode != http.StatusBadRequest || !strings.Contains(body, `"code":"invalid_path"`) || up.Calls() != 0 {
+			t.Fatalf("%s *: got %d %s, %d upstream calls; want 400 invalid_path and none", method, res.StatusCode, body, up.Calls())
+		}
+	}
+}
+
+// TestIdentityContentEncodingIsDeduplicated: Content-Encoding: identity says the body is
+// not encoded, so the key can see into it; only a real encoding is passed straight on.
+func TestIdentityContentEncodingIsDeduplicated(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{flight: singleflight.Options{ResultTTL: time.Minute}})
+	var got []string
+	for range 2 {
+		a := post(t, in.URL, "/v1/chat/completions", chatBody, "Content-Encoding", "identity")
+		if a.status != http.StatusOK {
+			t.Fatalf("got %d %s", a.status, a.body)
+		}
+		got = append(got, a.header.Get("X-Dedupe-Role"))
+	}
+	if got[0] != "owner" || got[1] != "hit" || up.Calls() != 1 {
+		t.Fatalf("roles %v, %d upstream calls; want owner then hit, one call", got, up.Calls())
 	}
 }
 
