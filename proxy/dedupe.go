@@ -160,6 +160,11 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 		p.failBeforeBytes(w, ctx, err)
 		return
 	}
+	if ctx.Err() != nil {
+		// The client left before its answer (an owner whose call ran on: it is stored):
+		// nothing is written, and it is counted as gone (logRequests).
+		return
+	}
 	head := rd.head()
 	var age time.Duration
 	if role == singleflight.RoleHit {

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -412,6 +413,37 @@ func TestClientThatLeftGetsNoFalseAnswer(t *testing.T) {
 		}
 		if n := value(t, in.Reg, "llm_dedupe_requests_total", map[string]string{"role": "follower", "code": "499"}); n != 1 {
 			t.Fatalf("follower requests counted 499: %v; want 1", n)
+		}
+	})
+	t.Run("an owner, before its unary answer", func(t *testing.T) {
+		up := startUpstream(t)
+		up.Set(fakeHold())
+		in := newInstance(t, up, setup{flight: singleflight.Options{ResultTTL: time.Minute}})
+		// A server of the test's own passes each request's context on, so that the call
+		// is released only once the server has taken the client for gone.
+		ctxs := make(chan context.Context, 1)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ctxs <- r.Context()
+			in.Proxy.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		started := up.Started()
+		br, conn := send(t, srv.URL, chatBody)
+		ctx := <-ctxs
+		<-started
+		conn.CloseWrite()
+		<-ctx.Done()
+		up.Release()
+		got, err := io.ReadAll(br)
+		if err != nil || len(got) > 0 {
+			t.Fatalf("an owner that left read %q (%v); want the connection closed with nothing sent", got, err)
+		}
+		if n := value(t, in.Reg, "llm_dedupe_requests_total", map[string]string{"role": "owner", "code": "499"}); n != 1 {
+			t.Fatalf("owner requests counted 499: %v; want 1", n)
+		}
+		// Its call still made the answer, for the next identical request.
+		if a := post(t, in.URL, "/v1/chat/completions", chatBody); a.header.Get("X-Dedupe-Role") != "hit" || up.Calls() != 1 {
+			t.Fatalf("the next request was %q after %d calls; want a hit of the one call", a.header.Get("X-Dedupe-Role"), up.Calls())
 		}
 	})
 	t.Run("mid-stream", func(t *testing.T) {
