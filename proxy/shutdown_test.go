@@ -53,7 +53,11 @@ func TestShutdownReleasesToFollowers(t *testing.T) {
 	if v := value(t, b.Reg, "llm_dedupe_takeovers_total", map[string]string{"reason": "shutdown"}); v != 1 {
 		t.Fatalf("takeovers_total{reason=shutdown} = %v on the follower's instance; want 1", v)
 	}
-	<-ownerDone // the owner's own client is answered (with an error) and not left hanging
+	// The owner's own client is answered, not left hanging: with the proxy's error, not
+	// one that blames the upstream.
+	if o := <-ownerDone; o.status != http.StatusServiceUnavailable || !strings.Contains(o.body, `"type":"server_error"`) || !strings.Contains(o.body, `"code":"shutting_down"`) {
+		t.Fatalf("the owner's client got %d %s; want 503 server_error shutting_down", o.status, o.body)
+	}
 	t.Logf("takeover after shutdown: %v (lease %v)", took, lease)
 }
 

@@ -235,9 +235,14 @@ func (p *Proxy) pump(ctx context.Context, cancel context.CancelCauseFunc, body i
 
 // failure is an answer made by the proxy in the OpenAI error shape, for a failed attempt.
 func failure(status int, code, msg string) singleflight.Result {
+	return failureOf("upstream_error", status, code, msg)
+}
+
+// failureOf is failure with the error's type: server_error for what the proxy did.
+func failureOf(typ string, status int, code, msg string) singleflight.Result {
 	return singleflight.Result{
 		Head:    singleflight.Head{Status: status, Header: map[string][]string{"Content-Type": {"application/json"}}},
-		Body:    append(errorJSON("upstream_error", code, msg), '\n'),
+		Body:    append(errorJSON(typ, code, msg), '\n'),
 		Outcome: singleflight.Retry,
 	}
 }
@@ -246,7 +251,7 @@ func transportFailure(ctx context.Context, err error) singleflight.Result {
 	cause := context.Cause(ctx)
 	switch {
 	case errors.Is(cause, singleflight.ErrShutdown):
-		return failure(http.StatusServiceUnavailable, "shutting_down", "the proxy is shutting down; retry")
+		return failureOf("server_error", http.StatusServiceUnavailable, "shutting_down", "the proxy is shutting down; retry")
 	case errors.Is(err, errIdle) || errors.Is(cause, errIdle):
 		return failure(http.StatusGatewayTimeout, "upstream_idle_timeout", "the upstream API stopped sending")
 	case errors.Is(cause, singleflight.ErrTimeout) || isTimeout(err):
