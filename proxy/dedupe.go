@@ -29,7 +29,7 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			st = &reqState{}
 		}
 		info := &st.info
-		if ce := r.Header.Get("Content-Encoding"); r.Header.Get(HeaderBypass) == "1" || (ce != "" && !strings.EqualFold(ce, "identity")) {
+		if r.Header.Get(HeaderBypass) == "1" || encoded(r.Header) {
 			// Straight upstream: asked for, or a compressed body the key cannot see into.
 			info.role = "bypass"
 			w.Header().Set(HeaderRole, "bypass")
@@ -112,10 +112,24 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 		if served, cut := ho.endInline(); served {
 			info.role = singleflight.RoleOwner.String()
 			info.abort = cut != nil // its own answer, cut short: not a whole one
+			info.broken = cut != nil
 			return
 		}
 		p.respond(w, r, route, req, &source{rd: rd, ho: ho}, info)
 	}
+}
+
+// encoded reports whether a request body has a Content-Encoding, in any of the header's
+// lines or list items: identity, which says it has none, is not one.
+func encoded(h http.Header) bool {
+	for _, v := range h.Values("Content-Encoding") {
+		for e := range strings.SplitSeq(v, ",") {
+			if e = strings.TrimSpace(e); e != "" && !strings.EqualFold(e, "identity") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // readBody reads a request body of at most max bytes. One whose length the client gave

@@ -36,9 +36,10 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 			r.Method+" is not supported: this is a reverse proxy of an OpenAI-compatible API")
 		return r, false
 	}
-	if r.URL.Path != "" && !strings.HasPrefix(r.URL.Path, "/") {
-		// "*" (OPTIONS alone may use it, and net/http answers that itself): no path to
-		// route or to send on.
+	if r.URL.Opaque != "" || (r.URL.Path != "" && !strings.HasPrefix(r.URL.Path, "/")) {
+		// "*" (OPTIONS alone may use it, and net/http answers that itself), or an absolute
+		// form with an opaque part ("http:../../admin"), which the reverse proxy would send
+		// on as it is, outside the base URL's prefix: no path to route or to send on.
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_path",
 			"the request target is not a path")
 		return r, false

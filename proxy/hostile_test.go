@@ -127,6 +127,8 @@ func TestDotSegmentsNeverLeaveThePrefix(t *testing.T) {
 		"/v1/chat/completions/../../../admin/keys",
 		"/v1/./../admin",
 		"/..",
+		"http:../../admin/keys", // absolute form with an opaque part: no path at all
+		"http:v1/models",
 	}
 	for _, p := range paths {
 		for _, method := range []string{"GET", "POST"} {
@@ -334,6 +336,63 @@ func TestIdentityContentEncodingIsDeduplicated(t *testing.T) {
 	if got[0] != "owner" || got[1] != "hit" || up.Calls() != 1 {
 		t.Fatalf("roles %v, %d upstream calls; want owner then hit, one call", got, up.Calls())
 	}
+	// Any encoding named, in any of the header's lines or list items, is one.
+	for _, ce := range [][]string{{"identity", "gzip"}, {"identity, gzip"}} {
+		h := "Content-Encoding: " + strings.Join(ce, "\r\nContent-Encoding: ") + "\r\n"
+		res, _, err := rawRequest(t, in.URL, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer sk-test-1\r\n"+h+
+			fmt.Sprintf("Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := res.Header.Get("X-Dedupe-Role"); r != "bypass" {
+			t.Fatalf("Content-Encoding %q: role %q; want bypass", ce, r)
+		}
+	}
+}
+
+// TestAbortedAnswersAreLogged: an answer that ends with the connection cut, not cleanly
+// (an owner's too-large answer cut short by the upstream; a passed-through one whose copy
+// failed, which the reverse proxy ends with http.ErrAbortHandler), still gets its log line
+// and its count, marked interrupted.
+func TestAbortedAnswersAreLogged(t *testing.T) {
+	const limit = 64 << 10
+	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"big","choices":[{"message":{"content":"`+strings.Repeat("x", 3*limit))
+		http.NewResponseController(w).Flush()
+		panic(http.ErrAbortHandler)
+	}))
+	t.Cleanup(cut.Close)
+	for _, tc := range []struct {
+		name, role string
+		hdr        []string
+	}{
+		{"owner, too large to share", "owner", nil},
+		{"bypassed", "bypass", []string{"X-Dedupe-Bypass", "1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logs := &syncBuffer{}
+			in := newInstance(t, startUpstream(t), setup{base: cut.URL, proxy: func(c *proxy.Config) {
+				c.MaxResponseBytes = limit
+				c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+			}})
+			if a := post(t, in.URL, "/v1/chat/completions", chatBody, tc.hdr...); a.err == nil {
+				t.Fatalf("the client read a whole answer (%d, %d bytes); want it cut off", a.status, len(a.body))
+			}
+			var line string
+			for _, l := range strings.Split(logs.String(), "\n") {
+				if strings.Contains(l, "msg=request") {
+					line = l
+				}
+			}
+			if !strings.Contains(line, "role="+tc.role) || !strings.Contains(line, "interrupted=true") {
+				t.Fatalf("request line %q; want role=%s, interrupted=true", line, tc.role)
+			}
+			if n := value(t, in.Reg, "llm_dedupe_requests_total", map[string]string{"role": tc.role}); n != 1 {
+				t.Fatalf("%s requests counted: %v; want 1", tc.role, n)
+			}
+		})
+	}
 }
 
 // TestExtensionMethodsPassThrough: every method but a deduplicated POST is passed through,
@@ -444,6 +503,29 @@ func TestClientThatLeftGetsNoFalseAnswer(t *testing.T) {
 		// Its call still made the answer, for the next identical request.
 		if a := post(t, in.URL, "/v1/chat/completions", chatBody); a.header.Get("X-Dedupe-Role") != "hit" || up.Calls() != 1 {
 			t.Fatalf("the next request was %q after %d calls; want a hit of the one call", a.header.Get("X-Dedupe-Role"), up.Calls())
+		}
+	})
+	t.Run("bypassed, while its call runs", func(t *testing.T) {
+		up := startUpstream(t)
+		up.Set(fakeHold())
+		in := newInstance(t, up, setup{})
+		started := up.Started()
+		conn, err := net.Dial("tcp", strings.TrimPrefix(in.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nX-Dedupe-Bypass: 1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody)
+		<-started
+		conn.(*net.TCPConn).CloseWrite()
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, err := io.ReadAll(conn)
+		up.Release()
+		if err != nil || len(got) > 0 {
+			t.Fatalf("a bypassing client that left read %q (%v); want the connection closed with nothing sent, not an error that blames the upstream", got, err)
+		}
+		if n := value(t, in.Reg, "llm_dedupe_requests_total", map[string]string{"role": "bypass", "code": "499"}); n != 1 {
+			t.Fatalf("bypass requests counted 499: %v; want 1", n)
 		}
 	})
 	t.Run("mid-stream", func(t *testing.T) {

@@ -26,30 +26,47 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 			*info = requestInfo{start: time.Now(), role: role}
 			ww := &st.w
 			*ww = statusWriter{ResponseWriter: w, draining: &p.draining, send: p.cfg.SendTimeout}
+			// The line is written and the request counted whether next returns or panics
+			// (the reverse proxy ends an answer whose copy failed with
+			// http.ErrAbortHandler): a panic is not recovered, so that it goes on with its
+			// own stack.
+			panicking := true
+			defer func() { p.finish(route, r, ww, info, panicking) }()
 			next.ServeHTTP(ww, r)
-			if ww.status != 0 {
-				// The server's last write (a chunked body's end) comes after the handler,
-				// maybe long after the last deadline was set (a stream quiet before its end).
-				ww.deadline()
-			}
-			d := time.Since(info.start)
-			status := ww.status
-			if status == 0 {
-				status = 499 // the client left before an answer
-			}
-			if route != "passthrough" {
-				p.cfg.Recorder.Request(route, info.role, status, d)
-			}
-			if p.cfg.Logger.Enabled(r.Context(), slog.LevelInfo) { // else its attributes need not be made
-				p.logRequest(r, route, info, status, d)
-			}
-			if info.abort || (ww.status == 0 && r.Context().Err() != nil) {
-				// Nothing written, the client taken for gone: net/http would send an empty
-				// 200, which a client still reading a half-closed connection takes for an
-				// answer. Closing the connection says what happened, as nginx's 499 does.
-				panic(http.ErrAbortHandler)
-			}
+			panicking = false
 		})
+	}
+}
+
+// finish records and logs a request once its handler has returned or panicked, and ends
+// with http.ErrAbortHandler one whose answer must not look whole (requestInfo.abort).
+func (p *Proxy) finish(route string, r *http.Request, ww *statusWriter, info *requestInfo, panicking bool) {
+	if ww.status != 0 {
+		// The server's last write (a chunked body's end) comes after the handler, maybe
+		// long after the last deadline was set (a stream quiet before its end).
+		ww.deadline()
+	}
+	d := time.Since(info.start)
+	status := ww.status
+	switch {
+	case status != 0:
+		info.broken = info.broken || panicking // an answer begun, then cut
+	case panicking && r.Context().Err() == nil:
+		status = http.StatusInternalServerError // a panic before any answer
+	default:
+		status = 499 // the client left before an answer
+	}
+	if route != "passthrough" {
+		p.cfg.Recorder.Request(route, info.role, status, d)
+	}
+	if p.cfg.Logger.Enabled(r.Context(), slog.LevelInfo) { // else its attributes need not be made
+		p.logRequest(r, route, info, status, d)
+	}
+	if !panicking && (info.abort || (ww.status == 0 && r.Context().Err() != nil)) {
+		// Nothing written, the client taken for gone: net/http would send an empty 200,
+		// which a client still reading a half-closed connection takes for an answer.
+		// Closing the connection says what happened, as nginx's 499 does.
+		panic(http.ErrAbortHandler)
 	}
 }
 

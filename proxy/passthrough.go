@@ -50,7 +50,10 @@ func NewPassthrough(target *url.URL, apiKey string, transport http.RoundTripper)
 		}
 		timedOut := isTimeout(err) || errors.Is(context.Cause(r.Context()), context.DeadlineExceeded)
 		clientGone := errors.Is(err, context.Canceled) && r.Context().Err() != nil && !timedOut
-		if p.ErrorLog != nil && !clientGone {
+		if clientGone {
+			return // nothing to answer: counted 499 and closed (logRequests)
+		}
+		if p.ErrorLog != nil {
 			p.ErrorLog.Printf("upstream %s %s: %v", r.Method, r.URL.Path, redactErr(err))
 		}
 		status, code, msg := http.StatusBadGateway, "upstream_unavailable", "the upstream API could not be reached"
