@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -89,8 +91,9 @@ func (p *Proxy) logRequest(r *http.Request, route string, info *requestInfo, sta
 // middleware.WrapResponseWriter did, without its two allocations: it is kept in the
 // request's state. Like it, it passes an informational status (1xx but 101) on without
 // taking it for the answer's, passes on only the first other one, and takes a Write or a
-// flush before any WriteHeader for 200. Everything else the server's writer can do
-// (hijacking, deadlines) is reached through Unwrap, as http.ResponseController does.
+// flush before any WriteHeader for 200. A hijack (an upgrade) is taken for its 101 (see
+// Hijack); everything else the server's writer can do (deadlines) is reached through
+// Unwrap, as http.ResponseController does.
 //
 // While the proxy drains, the answer's status line gets Connection: close, so that the
 // client's next request opens a connection through the load balancer. It is added as the
@@ -165,3 +168,14 @@ func (w *statusWriter) FlushError() error {
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// Hijack hands the connection over: the reverse proxy does for an upgrade, once the
+// upstream has answered 101, which it then writes on the connection itself. The answer
+// is taken for that 101.
+func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil && w.status == 0 {
+		w.status = http.StatusSwitchingProtocols
+	}
+	return c, brw, err
+}

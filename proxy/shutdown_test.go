@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bufio"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
@@ -127,6 +129,50 @@ func TestDrainClosesConnectionsAfterTheirAnswer(t *testing.T) {
 		status, conn := head(c.req)
 		if !strings.Contains(status, " "+c.status+" ") || !slices.Equal(conn, c.want) {
 			t.Errorf("%s while draining: %q, Connection %q; want %s, Connection %q", c.name, status, conn, c.status, c.want)
+		}
+	}
+}
+
+// lineWriter passes each log line it is given to its channel.
+type lineWriter chan string
+
+func (c lineWriter) Write(p []byte) (int, error) { c <- string(p); return len(p), nil }
+
+// TestUpgradeIsLoggedWithItsStatus: a passed-through upgrade is logged with its 101; the
+// reverse proxy writes that status on the hijacked connection, so it was logged 499, as a
+// client that left before an answer.
+func TestUpgradeIsLoggedWithItsStatus(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		brw.Flush()
+		c.Read(make([]byte, 1)) // until the client goes
+	}))
+	defer api.Close()
+	lines := make(lineWriter, 16)
+	in := newInstance(t, &upstream{URL: api.URL}, setup{base: api.URL, proxy: func(c *proxy.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(lines, nil))
+	}})
+	c, err := net.Dial("tcp", strings.TrimPrefix(in.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, "GET /v1/realtime HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+	if status, err := bufio.NewReader(c).ReadString('\n'); err != nil || !strings.Contains(status, " 101 ") {
+		t.Fatalf("status line %q (%v); want 101", status, err)
+	}
+	c.Close()
+	for l := range lines {
+		if strings.Contains(l, "msg=request") {
+			if !strings.Contains(l, "status=101") {
+				t.Fatalf("request line %q; want status=101", l)
+			}
+			return
 		}
 	}
 }
