@@ -74,14 +74,7 @@ func TestDrainClosesConnectionsAfterTheirAnswer(t *testing.T) {
 			w.WriteHeader(http.StatusEarlyHints)
 			io.WriteString(w, "after hints")
 		case "/v1/realtime":
-			c, brw, err := http.NewResponseController(w).Hijack()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-			brw.Flush()
-			c.Read(make([]byte, 1)) // until the client goes
+			upgrade(w, r)
 		default:
 			io.WriteString(w, `{"id":"x"}`)
 		}
@@ -133,6 +126,19 @@ func TestDrainClosesConnectionsAfterTheirAnswer(t *testing.T) {
 	}
 }
 
+// upgrade is an upstream's side of a WebSocket upgrade: a 101 on the hijacked
+// connection, kept until the client goes.
+func upgrade(w http.ResponseWriter, _ *http.Request) {
+	c, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+	brw.Flush()
+	c.Read(make([]byte, 1))
+}
+
 // lineWriter passes each log line it is given to its channel.
 type lineWriter chan string
 
@@ -142,16 +148,7 @@ func (c lineWriter) Write(p []byte) (int, error) { c <- string(p); return len(p)
 // reverse proxy writes that status on the hijacked connection, so it was logged 499, as a
 // client that left before an answer.
 func TestUpgradeIsLoggedWithItsStatus(t *testing.T) {
-	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, brw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-		brw.Flush()
-		c.Read(make([]byte, 1)) // until the client goes
-	}))
+	api := httptest.NewServer(http.HandlerFunc(upgrade))
 	defer api.Close()
 	lines := make(lineWriter, 16)
 	in := newInstance(t, &upstream{URL: api.URL}, setup{base: api.URL, proxy: func(c *proxy.Config) {
