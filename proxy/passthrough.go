@@ -89,6 +89,20 @@ func NewTransport() *http.Transport {
 	return t
 }
 
+// fullDuplex lets the reverse proxy's transport go on reading the request body, to send it
+// upstream, while the answer is being written. By default net/http's HTTP/1 server
+// consumes what is left of a request body as the answer's head goes out, and closes it:
+// an upstream that answers before it has read the whole body then waited for a body that
+// never came, and, under load, the transport's last read of an ordinary body (the check
+// for its end) met the closed body and closed the upstream connection, cutting the stream
+// it carried.
+func fullDuplex(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).EnableFullDuplex() // HTTP/2 is full duplex already
+		next.ServeHTTP(w, r)
+	})
+}
+
 // Timeout returns middleware that ends each request's context after d, the hard limit of one
 // upstream call. A protocol upgrade that happened (the upstream answered 101: a WebSocket
 // session, such as the Realtime API's) is long-lived by design and is not limited; asking

@@ -140,7 +140,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, calls: calls}
 	pass := NewPassthrough(cfg.Upstream, cfg.APIKey, cfg.Transport)
 	pass.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)
-	p.pass = Timeout(cfg.Timeout)(pass)
+	p.pass = Timeout(cfg.Timeout)(fullDuplex(pass))
 
 	r := chi.NewRouter()
 	r.Get("/healthz", p.healthz)
