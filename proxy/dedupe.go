@@ -122,11 +122,9 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 // encoded reports whether a request body has a Content-Encoding, in any of the header's
 // lines or list items: identity, which says it has none, is not one.
 func encoded(h http.Header) bool {
-	for _, v := range h.Values("Content-Encoding") {
-		for e := range strings.SplitSeq(v, ",") {
-			if e = strings.TrimSpace(e); e != "" && !strings.EqualFold(e, "identity") {
-				return true
-			}
+	for e := range listItems(h, "Content-Encoding") {
+		if e != "" && !strings.EqualFold(e, "identity") {
+			return true
 		}
 	}
 	return false

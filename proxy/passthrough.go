@@ -140,11 +140,9 @@ func isUpgrade(h http.Header) bool {
 	if h.Get("Upgrade") == "" {
 		return false
 	}
-	for _, v := range h.Values("Connection") {
-		for _, token := range strings.Split(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(token), "upgrade") {
-				return true
-			}
+	for token := range listItems(h, "Connection") {
+		if strings.EqualFold(token, "upgrade") {
+			return true
 		}
 	}
 	return false

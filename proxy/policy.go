@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"iter"
 	"net/http"
 	"path"
 	"strconv"
@@ -131,28 +132,40 @@ type controls struct {
 	maxAge           time.Duration // > 0: a stored answer no older than this
 }
 
+// listItems yields the items of a header that holds a comma-separated list, over all of
+// its lines, each trimmed of spaces (an empty item too).
+func listItems(h http.Header, name string) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for _, v := range h.Values(name) {
+			for item := range strings.SplitSeq(v, ",") {
+				if !yield(strings.TrimSpace(item)) {
+					return
+				}
+			}
+		}
+	}
+}
+
 // cacheControl reads no-cache, no-store and max-age=N. max-age=0 is no-cache: a stored
 // answer is not served, an upstream call in flight is still joined. A max-age that is not
 // a number is ignored.
 func cacheControl(h http.Header) controls {
 	var c controls
-	for _, v := range h.Values("Cache-Control") {
-		for _, d := range strings.Split(v, ",") {
-			d = strings.ToLower(strings.TrimSpace(d))
+	for d := range listItems(h, "Cache-Control") {
+		d = strings.ToLower(d)
+		switch {
+		case d == "no-cache":
+			c.noCache = true
+		case d == "no-store":
+			c.noStore = true
+		case strings.HasPrefix(d, "max-age="):
+			n, err := strconv.ParseInt(strings.Trim(strings.TrimPrefix(d, "max-age="), `"`), 10, 64)
 			switch {
-			case d == "no-cache":
+			case err != nil || n < 0:
+			case n == 0:
 				c.noCache = true
-			case d == "no-store":
-				c.noStore = true
-			case strings.HasPrefix(d, "max-age="):
-				n, err := strconv.ParseInt(strings.Trim(strings.TrimPrefix(d, "max-age="), `"`), 10, 64)
-				switch {
-				case err != nil || n < 0:
-				case n == 0:
-					c.noCache = true
-				case c.maxAge == 0 || time.Duration(n)*time.Second < c.maxAge:
-					c.maxAge = time.Duration(min(n, 1<<32)) * time.Second
-				}
+			case c.maxAge == 0 || time.Duration(n)*time.Second < c.maxAge:
+				c.maxAge = time.Duration(min(n, 1<<32)) * time.Second
 			}
 		}
 	}

@@ -130,10 +130,8 @@ func (p *Proxy) forwardHeader(in http.Header) http.Header {
 	for _, name := range dropRequestHeaders {
 		h.Del(name)
 	}
-	for _, v := range in.Values("Connection") {
-		for _, name := range strings.Split(v, ",") {
-			h.Del(strings.TrimSpace(name))
-		}
+	for name := range listItems(in, "Connection") {
+		h.Del(name)
 	}
 	if p.cfg.APIKey != "" {
 		h.Set("Authorization", "Bearer "+p.cfg.APIKey)
