@@ -237,6 +237,15 @@ func waitCond(t *testing.T, limit time.Duration, what string, cond func() bool) 
 	})
 }
 
+// failAll gives every command of a pipeline err, as a pipeline that did not reach Redis
+// gets, and returns it.
+func failAll(cmds []redis.Cmder, err error) error {
+	for _, c := range cmds {
+		c.SetErr(err)
+	}
+	return err
+}
+
 // cmdCounter is a client hook counting the commands that match (every one when match is
 // nil): calls, and the round trips that carry them (a pipeline is one).
 type cmdCounter struct {

@@ -331,10 +331,7 @@ func (p *partition) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (p *partition) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		if p.cut.Load() {
-			for _, c := range cmds {
-				c.SetErr(errPartitioned)
-			}
-			return errPartitioned
+			return failAll(cmds, errPartitioned)
 		}
 		return next(ctx, cmds)
 	}

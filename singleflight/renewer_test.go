@@ -71,11 +71,7 @@ func (h *finalWriteHook) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 			if !seen.start && h.failNext.CompareAndSwap(true, false) {
 				seen.failed = true
 				h.rounds <- seen
-				err := errors.New("injected: the renewal did not reach Redis")
-				for _, cmd := range cmds {
-					cmd.SetErr(err)
-				}
-				return err
+				return failAll(cmds, errors.New("injected: the renewal did not reach Redis"))
 			}
 		}
 		select {
@@ -231,11 +227,7 @@ func (h *renewFailHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 		default:
 		}
 		if fail {
-			err := errors.New("connection refused (injected)")
-			for _, c := range cmds {
-				c.SetErr(err)
-			}
-			return err
+			return failAll(cmds, errors.New("connection refused (injected)"))
 		}
 		return next(ctx, cmds)
 	}
