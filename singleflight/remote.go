@@ -243,19 +243,49 @@ func unavailable(err error) bool {
 	var re redis.Error
 	if errors.As(err, &re) {
 		msg := re.Error()
-		for _, p := range []string{"LOADING", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY", "NOAUTH", "WRONGPASS", "NOPERM"} {
+		for _, p := range []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY"} {
 			if strings.HasPrefix(msg, p) {
 				return true
 			}
 		}
-		// Refusals of a configuration rather than of a command: redis.db out of range
-		// (every connection's SELECT fails), several addresses naming a server that is no
-		// Cluster. And an ACL user whose scripts may not run a command or publish on a
-		// channel (Redis 7 gives new users no channel).
-		return strings.Contains(msg, "DB index is out of range") || strings.Contains(msg, "cluster support disabled") ||
-			strings.Contains(msg, "The user executing the script can't")
+		return Refused(err) != NotRefused
 	}
 	return true
+}
+
+// Refusal is how Redis refuses the proxy's configuration rather than one command: every
+// command meets it until the configuration (or the server's role) changes.
+type Refusal int
+
+const (
+	NotRefused        Refusal = iota
+	RefusedAuth               // a wrong or missing password (NOAUTH, WRONGPASS)
+	RefusedPermission         // an ACL user that may not run a command, or publish on a channel (Redis 7 gives new users none)
+	RefusedDB                 // redis.db out of range: every connection's SELECT fails
+	RefusedNotCluster         // several addresses naming a server that is no Cluster
+	RefusedReadOnly           // a read-only replica
+)
+
+// Refused names err's refusal, or NotRefused.
+func Refused(err error) Refusal {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return NotRefused
+	}
+	msg := re.Error()
+	switch {
+	case strings.HasPrefix(msg, "NOAUTH"), strings.HasPrefix(msg, "WRONGPASS"):
+		return RefusedAuth
+	case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "The user executing the script can't"):
+		return RefusedPermission
+	case strings.Contains(msg, "DB index is out of range"):
+		return RefusedDB
+	case strings.Contains(msg, "cluster support disabled"):
+		return RefusedNotCluster
+	case strings.HasPrefix(msg, "READONLY"):
+		return RefusedReadOnly
+	}
+	return NotRefused
 }
 
 func flag(b bool) string {

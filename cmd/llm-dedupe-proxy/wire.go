@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -246,21 +245,17 @@ func (o *logObserver) Observe(e singleflight.Event) {
 // untrusted certificate is a configuration to fix, not an outage to wait out.
 func degradedMessage(err error) (string, slog.Level) {
 	const local = "; serving with local-only dedupe"
-	var re redis.Error
-	if errors.As(err, &re) {
-		msg := re.Error()
-		switch {
-		case strings.HasPrefix(msg, "NOAUTH"), strings.HasPrefix(msg, "WRONGPASS"):
-			return "redis authentication failed: check redis.username and redis.password" + local, slog.LevelError
-		case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "The user executing the script can't"):
-			return "redis refused a command: the ACL user lacks a permission the proxy needs" + local, slog.LevelError
-		case strings.Contains(msg, "DB index is out of range"):
-			return "redis refused redis.db: the server has fewer databases" + local, slog.LevelError
-		case strings.Contains(msg, "cluster support disabled"):
-			return "several redis.addrs make a Redis Cluster client, but the server is no Cluster: give one address for a standalone server" + local, slog.LevelError
-		case strings.HasPrefix(msg, "READONLY"):
-			return "redis refuses writes (a read-only replica): if this lasts beyond a failover, point redis.addrs at the master or set redis.master_name" + local, slog.LevelWarn
-		}
+	switch singleflight.Refused(err) {
+	case singleflight.RefusedAuth:
+		return "redis authentication failed: check redis.username and redis.password" + local, slog.LevelError
+	case singleflight.RefusedPermission:
+		return "redis refused a command: the ACL user lacks a permission the proxy needs" + local, slog.LevelError
+	case singleflight.RefusedDB:
+		return "redis refused redis.db: the server has fewer databases" + local, slog.LevelError
+	case singleflight.RefusedNotCluster:
+		return "several redis.addrs make a Redis Cluster client, but the server is no Cluster: give one address for a standalone server" + local, slog.LevelError
+	case singleflight.RefusedReadOnly:
+		return "redis refuses writes (a read-only replica): if this lasts beyond a failover, point redis.addrs at the master or set redis.master_name" + local, slog.LevelWarn
 	}
 	var (
 		unknownCA *x509.UnknownAuthorityError
