@@ -189,7 +189,7 @@ func TestFollowerEndingFromStoredAnswerIsFenced(t *testing.T) {
 	sc := heldAfterAnswer(t, redistest.Start(t), Options{ResultTTL: time.Minute}, false, true)
 	r := sc.other.g.remote
 	d, err := r.lookup(sc.early.f.key, false, "", CallOptions{})
-	if err != nil || d.kind != "hit" || d.landed == 0 {
+	if err != nil || d.verdict != verdictHit || d.landed == 0 {
 		t.Fatalf("lookup after the answer: %+v, %v; want a hit with its fence", d, err)
 	}
 	r.serveHit(sc.early.f, d, &position{token: d.token})

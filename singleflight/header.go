@@ -2,7 +2,9 @@ package singleflight
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -160,4 +162,19 @@ func plainString(p string) (v, rest string, ok bool) {
 		}
 	}
 	return v, p[2+end:], true
+}
+
+func decodeHead(status, header string) (Head, error) {
+	s, err := strconv.Atoi(status)
+	if err != nil {
+		return Head{}, fmt.Errorf("singleflight: bad stored status %q", status)
+	}
+	h := Head{Status: s}
+	if header != "" {
+		var err error
+		if h.Header, err = decodeHeader(header); err != nil {
+			return Head{}, fmt.Errorf("singleflight: bad stored header: %w", err)
+		}
+	}
+	return h, nil
 }

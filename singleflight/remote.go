@@ -4,9 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
-	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,26 +98,8 @@ func (r *remote) runningTTL() int64 {
 	return (r.g.opts.LeaseTTL + r.g.opts.Linger).Milliseconds()
 }
 
-// decision is the answer of lookup or claim.
-type decision struct {
-	kind      string // hit, follow, claim, owner, changed, exhausted
-	token     string // follow: the owner's; claim: the one seen; hit: the one that stored it
-	remaining time.Duration
-	gen       string // stream ID of the generation's first entry
-	attempt   int
-	batches   int    // follow: batches the owner appended so far (-1: not known)
-	until     int64  // owner: lease_until, Redis time in ms
-	reason    string // claim: absent, expired, failed, done
-	head      Head   // hit
-	body      []byte // hit
-	age       time.Duration
-	ttl       time.Duration // hit: its whole time to live, age included (0: unknown)
-	clock     clockRef      // owner and follow: Redis's clock when the script ran (see answered.go)
-	landed    int64         // hit: when the stored answer's complete ran, Redis's clock in µs
-}
-
 // lookup asks what a caller of key should do; with a candidate token it may claim the
-// flight at once (answer "owner"; the caller then uses the token up). It goes out in a
+// flight at once (verdictOwner; the caller then uses the token up). It goes out in a
 // shared pipeline (batcher), bounded by the write timeout, not by a caller's context.
 func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptions) (decision, error) {
 	k := r.keys(key)
@@ -131,32 +111,7 @@ func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptio
 	if err != nil {
 		return decision{}, r.redisErr("lookup", key, err)
 	}
-	d := decision{kind: str(v, 0), clock: clockRef{sent: sent}}
-	switch d.kind {
-	case "hit":
-		d.head, err = decodeHead(str(v, 1), str(v, 2))
-		d.body = []byte(str(v, 3))
-		d.age = time.Duration(num(v, 4)) * time.Millisecond
-		d.token = str(v, 5)
-		if left := num(v, 6); left > 0 {
-			d.ttl = d.age + time.Duration(left)*time.Millisecond
-		}
-		d.landed = num(v, 7)
-	case "follow":
-		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
-		d.batches = -1
-		if len(v) > 5 {
-			d.batches = int(num(v, 5))
-		}
-		d.clock.us = num(v, 6)
-	case "claim":
-		d.token, d.attempt, d.reason, d.gen = str(v, 1), int(num(v, 2)), str(v, 3), str(v, 4)
-	case "owner":
-		d.token, d.attempt, d.gen, d.until, d.clock.us = candidate, int(num(v, 1)), str(v, 2), num(v, 3), num(v, 4)
-	default:
-		err = fmt.Errorf("singleflight: lookup: unexpected answer %q", d.kind)
-	}
-	return d, err
+	return decodeLookup(v, candidate, sent)
 }
 
 // newToken returns a fencing token, never handed out before by this process: a number of
@@ -195,27 +150,12 @@ func (r *remote) claim(ctx context.Context, key, token string, seen decision, fr
 	sent := time.Now()
 	v, err := claimScript.Run(ctx, r.rdb, []string{k.meta, k.stream},
 		token, seen.token, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.MaxAttempts, flag(fresh),
-		seenState[seen.reason], o.Linger.Milliseconds(), co.Route, co.Model).Slice()
+		seen.seen.state(), o.Linger.Milliseconds(), co.Route, co.Model).Slice()
 	if err != nil {
 		return decision{}, r.redisErr("claim", key, err)
 	}
-	d := decision{kind: str(v, 0), clock: clockRef{sent: sent}}
-	switch d.kind {
-	case "owner":
-		d.token, d.attempt, d.gen, d.until, d.clock.us = token, int(num(v, 1)), str(v, 2), num(v, 3), num(v, 4)
-	case "follow":
-		d.token, d.remaining, d.gen, d.attempt = str(v, 1), time.Duration(num(v, 2))*time.Millisecond, str(v, 3), int(num(v, 4))
-		d.batches = -1 // not known: the follower reads the stream at once
-		d.clock.us = num(v, 5)
-	case "changed", "exhausted":
-	default:
-		err = fmt.Errorf("singleflight: claim: unexpected answer %q", d.kind)
-	}
-	return d, err
+	return decodeClaim(v, token, sent)
 }
-
-// seenState is the meta state a lookup's claim reason stands for.
-var seenState = map[string]string{"absent": "", "expired": "R", "failed": "F", "done": "D"}
 
 // redisErr reports a failed command on key's flight and returns err. An error that says
 // Redis cannot be used (network, timeouts, a server loading or failing over) degrades the
@@ -232,107 +172,4 @@ func (r *remote) redisErr(op, key string, err error) error {
 	return err
 }
 
-// unavailable tells errors of an unreachable or unusable server from replies to a command.
-// Authentication and permission errors (a wrong or missing password, an ACL user that may
-// not run the scripts) make Redis as unusable as a network error, for every command, until
-// the configuration is fixed; so do TLS errors (not redis.Error: they fall through).
-func unavailable(err error) bool {
-	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
-		return false // this process is busy, Redis is not down: only that flight goes local
-	}
-	var re redis.Error
-	if errors.As(err, &re) {
-		msg := re.Error()
-		for _, p := range []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY"} {
-			if strings.HasPrefix(msg, p) {
-				return true
-			}
-		}
-		return Refused(err) != NotRefused
-	}
-	return true
-}
-
-// Refusal is how Redis refuses the proxy's configuration rather than one command: every
-// command meets it until the configuration (or the server's role) changes.
-type Refusal int
-
-const (
-	NotRefused        Refusal = iota
-	RefusedAuth               // a wrong or missing password (NOAUTH, WRONGPASS)
-	RefusedPermission         // an ACL user that may not run a command, or publish on a channel (Redis 7 gives new users none)
-	RefusedDB                 // redis.db out of range: every connection's SELECT fails
-	RefusedNotCluster         // several addresses naming a server that is no Cluster
-	RefusedReadOnly           // a read-only replica
-)
-
-// Refused names err's refusal, or NotRefused.
-func Refused(err error) Refusal {
-	var re redis.Error
-	if !errors.As(err, &re) {
-		return NotRefused
-	}
-	msg := re.Error()
-	switch {
-	case strings.HasPrefix(msg, "NOAUTH"), strings.HasPrefix(msg, "WRONGPASS"):
-		return RefusedAuth
-	case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "The user executing the script can't"):
-		return RefusedPermission
-	case strings.Contains(msg, "DB index is out of range"):
-		return RefusedDB
-	case strings.Contains(msg, "cluster support disabled"):
-		return RefusedNotCluster
-	case strings.HasPrefix(msg, "READONLY"):
-		return RefusedReadOnly
-	}
-	return NotRefused
-}
-
-func flag(b bool) string {
-	if b {
-		return "1"
-	}
-	return "0"
-}
-
-func str(v []any, i int) string {
-	if i >= len(v) {
-		return ""
-	}
-	switch x := v[i].(type) {
-	case string:
-		return x
-	case int64:
-		return strconv.FormatInt(x, 10)
-	}
-	return ""
-}
-
-func num(v []any, i int) int64 {
-	if i >= len(v) {
-		return 0
-	}
-	switch x := v[i].(type) {
-	case int64:
-		return x
-	case string:
-		n, _ := strconv.ParseInt(x, 10, 64)
-		return n
-	}
-	return 0
-}
-
-func decodeHead(status, header string) (Head, error) {
-	s, err := strconv.Atoi(status)
-	if err != nil {
-		return Head{}, fmt.Errorf("singleflight: bad stored status %q", status)
-	}
-	h := Head{Status: s}
-	if header != "" {
-		var err error
-		if h.Header, err = decodeHeader(header); err != nil {
-			return Head{}, fmt.Errorf("singleflight: bad stored header: %w", err)
-		}
-	}
-	return h, nil
-}
+func (r *remote) name() string { return "redis" }

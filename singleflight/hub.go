@@ -1,7 +1,6 @@
 package singleflight
 
 import (
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -57,28 +56,6 @@ type idleChannel struct {
 	since   time.Time
 }
 
-// aliveState is what a process heard on one owner instance's alive channel. A message
-// moves until, and nobody is woken: a thousand followers of one live owner cost nothing
-// while it renews. When a lease passes without one, silent wakes every watcher of the
-// channel; so do tokens the owner says it stopped renewing.
-type aliveState struct {
-	until  time.Time // a lease after the last alive message
-	silent *time.Timer
-}
-
-// watch is one follower's subscription to a channel: the messages it has not taken yet.
-type watch struct {
-	hub     *wakeHub
-	channel string
-	notify  chan struct{} // has room for one: set when there is something to take
-
-	mu     sync.Mutex
-	queue  []redis.XMessage // entries pushed, in order
-	resync bool             // (re)subscribed, or the connection broke: read the stream
-	gone   []string         // tokens the owner said it no longer renews
-	hook   func()           // a parked follower's wake-up (see park)
-}
-
 // listener is what a channel subscribed for the Group's life does with what comes: each
 // message, and each confirmation of its subscription (the first, and one after every
 // reconnect, when messages may have been lost). Both run on the receiving goroutine.
@@ -112,44 +89,6 @@ func (h *wakeHub) listenerOf(channel string) (listener, bool) {
 	defer h.mu.Unlock()
 	l, ok := h.listeners[channel]
 	return l, ok
-}
-
-// aliveChannel is where the owner instance id publishes that it renewed its leases.
-func (h *wakeHub) aliveChannel(instance string) string {
-	return h.r.g.opts.KeyPrefix + ":alive:" + instance
-}
-
-// watch subscribes to channel. It does not wait for Redis to confirm: the confirmation
-// (and every one after a reconnect) sets resync and wakes the watch, and the follower
-// reads the stream then, so nothing published before the subscription took effect is
-// missed.
-func (h *wakeHub) watch(channel string) (*watch, error) {
-	w := &watch{hub: h, channel: channel, notify: make(chan struct{}, 1)}
-	h.mu.Lock()
-	if err := h.start(); err != nil {
-		h.mu.Unlock()
-		return nil, err
-	}
-	set := h.watches[channel]
-	if set == nil {
-		set = map[*watch]struct{}{}
-		h.watches[channel] = set
-	}
-	set[w] = struct{}{}
-	subscribed := h.subscribed[channel]
-	if !subscribed {
-		h.dirty[channel] = true
-	}
-	h.mu.Unlock()
-	if subscribed {
-		w.mu.Lock()
-		w.resync = true // already subscribed: read, then trust messages
-		w.mu.Unlock()
-		w.wake()
-	} else {
-		h.kick()
-	}
-	return w, nil
 }
 
 func (h *wakeHub) kick() {
@@ -313,41 +252,6 @@ func (h *wakeHub) receive(ps *redis.PubSub) {
 	}
 }
 
-// heard records an alive message on channel; the tokens gone wake its watchers.
-func (h *wakeHub) heard(channel string, gone []string) {
-	lease := h.r.g.opts.LeaseTTL
-	h.mu.Lock()
-	if len(h.watches[channel]) > 0 {
-		// until first: the timer then fires no sooner, and its watchers find it passed.
-		st := h.alive[channel]
-		if st == nil {
-			st = &aliveState{until: time.Now().Add(lease)}
-			st.silent = time.AfterFunc(lease, func() { h.each(channel, func(*watch) {}) })
-			h.alive[channel] = st
-		} else {
-			st.until = time.Now().Add(lease)
-			st.silent.Reset(lease)
-		}
-	}
-	h.mu.Unlock()
-	if len(gone) > 0 {
-		h.each(channel, func(w *watch) { w.mu.Lock(); w.gone = append(w.gone, gone...); w.mu.Unlock() })
-	}
-	if h.r.g.hooks.aliveHeard != nil {
-		h.r.g.hooks.aliveHeard()
-	}
-}
-
-// aliveUntil is a lease after the last alive message heard on channel, or zero.
-func (h *wakeHub) aliveUntil(channel string) time.Time {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if st := h.alive[channel]; st != nil {
-		return st.until
-	}
-	return time.Time{}
-}
-
 // all runs fn on every watcher, then wakes it.
 func (h *wakeHub) all(fn func(*watch)) {
 	h.mu.Lock()
@@ -377,115 +281,4 @@ func (h *wakeHub) each(channel string, fn func(*watch)) {
 		fn(w)
 		w.wake()
 	}
-}
-
-func (w *watch) wake() {
-	select {
-	case w.notify <- struct{}{}:
-	default:
-	}
-	w.mu.Lock()
-	hook := w.hook
-	w.mu.Unlock()
-	if hook != nil {
-		hook()
-	}
-}
-
-// setHook sets (or, with nil, clears) what wakes a parked follower of w.
-func (w *watch) setHook(fn func()) {
-	w.mu.Lock()
-	w.hook = fn
-	w.mu.Unlock()
-}
-
-// take returns what was pushed since the last take: whether the stream must be read
-// first, and the entries pushed.
-func (w *watch) take() (resync bool, entries []redis.XMessage) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	resync, entries = w.resync, w.queue
-	w.resync, w.queue = false, nil
-	return resync, entries
-}
-
-// takeGone returns the tokens the owner said it stopped renewing since the last take.
-func (w *watch) takeGone() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	gone := w.gone
-	w.gone = nil
-	return gone
-}
-
-// close ends the watch; the channel is unsubscribed when it has had no watcher for keepIdle.
-func (w *watch) close() {
-	h := w.hub
-	h.mu.Lock()
-	set := h.watches[w.channel]
-	delete(set, w)
-	if len(set) > 0 {
-		h.mu.Unlock()
-		return
-	}
-	delete(h.watches, w.channel)
-	if st := h.alive[w.channel]; st != nil {
-		st.silent.Stop()
-		delete(h.alive, w.channel)
-	}
-	h.dirty[w.channel] = true // unsubscribed by the sender in time; a message meanwhile finds no watcher
-	h.mu.Unlock()
-	h.kick()
-}
-
-// decodeEntry parses a message of wake.lua: the entry's ID, then its fields, each
-// "<len>:<bytes>". An entry published without its data (x=1) is not taken as pushed.
-func decodeEntry(p string) (redis.XMessage, bool) {
-	next := func() (string, bool) {
-		i := strings.IndexByte(p, ':')
-		if i < 0 {
-			return "", false
-		}
-		n, err := strconv.Atoi(p[:i])
-		if err != nil || n < 0 || n > len(p)-i-1 {
-			return "", false
-		}
-		s := p[i+1 : i+1+n]
-		p = p[i+1+n:]
-		return s, true
-	}
-	id, ok := next()
-	if !ok {
-		return redis.XMessage{}, false
-	}
-	m := redis.XMessage{ID: id, Values: map[string]any{}}
-	for p != "" {
-		k, ok1 := next()
-		v, ok2 := next()
-		if !ok1 || !ok2 {
-			return redis.XMessage{}, false
-		}
-		m.Values[k] = v
-	}
-	if m.Values["x"] == "1" {
-		return redis.XMessage{}, false
-	}
-	return m, true
-}
-
-// afterID reports whether stream ID a comes after b ("ms-seq" each; "" before all).
-func afterID(a, b string) bool {
-	if b == "" {
-		return true
-	}
-	am, as, _ := strings.Cut(a, "-")
-	bm, bs, _ := strings.Cut(b, "-")
-	ami, _ := strconv.ParseUint(am, 10, 64)
-	bmi, _ := strconv.ParseUint(bm, 10, 64)
-	if ami != bmi {
-		return ami > bmi
-	}
-	asi, _ := strconv.ParseUint(as, 10, 64)
-	bsi, _ := strconv.ParseUint(bs, 10, 64)
-	return asi > bsi
 }

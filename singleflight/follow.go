@@ -1,0 +1,262 @@
+package singleflight
+
+import (
+	"slices"
+	"time"
+)
+
+// pollEvery is how often a follower reads its stream while the pub/sub connection is down.
+const pollEvery = 250 * time.Millisecond
+
+// followKind is how a follow ended.
+type followKind uint8
+
+const (
+	followDone     followKind = iota // the flight has its response
+	followFailed                     // the attempt failed; res is its response
+	followExpired                    // the owner's lease ran out, or its meta is gone
+	followRedisErr                   // Redis does not answer
+	followLost                       // the attempt ended, but its entries could not all be read
+	followParked                     // nothing to do until something happens: see park
+)
+
+type followEnd struct {
+	kind     followKind
+	res      Result
+	shutdown bool // followFailed: the owner released the flight at shutdown
+}
+
+// followState is where a follower is in its wait.
+type followState uint8
+
+const (
+	followWait  followState = iota // wait for what comes, or park
+	followRead                     // take what was pushed, reading the stream first if asked
+	followAlive                    // the owner's instance fell silent, or named tokens it stopped renewing
+	followTimer                    // the deadline (or the poll interval) passed
+	followLook                     // look the flight up: nothing came for a lease, or a read failed
+	followEnded                    // the follow is over: see follower.ending
+	followHeld                     // parked: a wake-up goes on from here
+)
+
+// follower is a leader following the owner's stream into its flight until the attempt
+// ends. It subscribes to the stream's channel first, then reads the stream from the
+// concrete ID it last read (never "$"), then takes what is pushed (see hub.go): no entry
+// written since the lookup can be missed, and no command is sent while it waits. When
+// nothing came for a lease (the owner silent, and not saying it is alive), the meta is
+// checked again (look.go).
+type follower struct {
+	l      *leader
+	start  time.Time
+	stream string
+	w      *watch
+	// The owner instance's alive messages stand for this attempt only while it can still
+	// run: not once the instance said it stopped renewing it, nor past the hard timeout
+	// any attempt has (counted from the last look, which found it running).
+	alive      *watch // the owner's alive channel
+	aliveOf    string
+	deadline   time.Time // when to look again: the lease's end, or sooner to re-read
+	since      time.Time // when deadline was set: only alive messages heard later extend it
+	leaseEnd   time.Time // when the owner's lease runs out, as far as we know
+	looks      int       // looks in a row that found the meta moved on before the stream said so
+	read       bool      // read the stream before waiting
+	polling    bool      // the wait is a poll while the pub/sub connection is down
+	trustFor   string
+	trustUntil time.Time
+	ending     followEnd // with followEnded: how the follow ended
+}
+
+func (r *remote) newFollower(l *leader, remaining time.Duration, readNow bool) (*follower, bool) {
+	if r.g.hooks.beforeFollow != nil {
+		r.g.hooks.beforeFollow()
+	}
+	fw := &follower{l: l, start: time.Now(), stream: r.keys(l.f.key).stream}
+	w, err := r.wake.watch(fw.stream)
+	if err != nil {
+		r.g.observe(Event{Kind: EventWait, Key: l.f.key})
+		return nil, false
+	}
+	fw.w = w
+	fw.since = time.Now()
+	fw.deadline = fw.since.Add(remaining)
+	fw.leaseEnd = fw.deadline
+	// Read the stream at once, as the subscription is made: what is already there is not
+	// kept waiting for the confirmation, which then makes the follower read once more.
+	fw.read = readNow
+	fw.trust()
+	return fw, true
+}
+
+// loop follows until the attempt ends, or until it has to wait: then it parks and
+// returns followParked. ev is what woke a parked follower (evNone on the first call).
+func (fw *follower) loop(ev wakeEvent) followEnd {
+	st := fw.on(ev)
+	for {
+		switch st {
+		case followWait:
+			st = fw.wait()
+		case followRead:
+			st = fw.take()
+		case followAlive:
+			st = fw.heardAlive()
+		case followTimer:
+			st = fw.timedOut()
+		case followLook:
+			st = fw.lookUp()
+		case followHeld:
+			return followEnd{kind: followParked}
+		case followEnded:
+			fw.w.close()
+			if fw.alive != nil {
+				fw.alive.close()
+			}
+			fw.l.r.g.observe(Event{Kind: EventWait, Key: fw.l.f.key, Duration: time.Since(fw.start)})
+			return fw.ending
+		}
+	}
+}
+
+// on is the state a wake-up leads to.
+func (fw *follower) on(ev wakeEvent) followState {
+	switch ev {
+	case evCtx:
+		return fw.end(followEnd{kind: followDone})
+	case evAlive:
+		return followAlive
+	case evNotify:
+		return followRead
+	case evTimer:
+		return followTimer
+	}
+	return followWait
+}
+
+func (fw *follower) end(e followEnd) followState {
+	fw.ending = e
+	return followEnded
+}
+
+// wait follows the current owner's alive channel, then waits for what comes next: at once
+// when something is there, else parked until it comes.
+func (fw *follower) wait() followState {
+	r := fw.l.r
+	if inst := tokenInstance(fw.l.pos.token); inst != fw.aliveOf {
+		if fw.alive != nil {
+			fw.alive.close()
+			fw.alive = nil
+		}
+		fw.aliveOf = inst
+		if inst != "" {
+			fw.alive, _ = r.wake.watch(r.wake.aliveChannel(inst)) // nil: the meta is looked up
+		}
+	}
+	if fw.read {
+		return followRead
+	}
+	at, byAlive := fw.lookAt()
+	if byAlive {
+		at = fw.trustUntil // the hub wakes us if the alive messages stop
+	}
+	wait := max(time.Until(at), 0)
+	if r.recheckEvery > 0 {
+		wait = min(wait, r.recheckEvery)
+	}
+	// While the pub/sub connection is down (in a Cluster it is on one node, which may be
+	// the failing one while this flight's shard is fine), poll the stream: whether the
+	// flight's own shard answers, the reads tell.
+	fw.polling = r.wake.down.Load() && wait > pollEvery
+	if fw.polling {
+		wait = pollEvery
+	}
+	ev := fw.ready(wait)
+	if ev == evNone {
+		fw.park(wait)
+		return followHeld
+	}
+	return fw.on(ev)
+}
+
+// heardAlive acts on the owner's instance falling silent, or naming tokens it stopped
+// renewing; the wait is worked out again after it.
+func (fw *follower) heardAlive() followState {
+	if fw.l.pos.token != fw.trustFor {
+		fw.trust()
+	}
+	if slices.Contains(fw.alive.takeGone(), fw.l.pos.token) {
+		// Its owner no longer renews it: look it up now, and, the first time it says so,
+		// take its lease as over (a flight Redis lost is not put back by that owner). The
+		// token is said again for a lease; a look that found the attempt running since is
+		// waited on for its lease alone.
+		if !fw.trustUntil.IsZero() {
+			fw.leaseEnd = time.Now()
+		}
+		fw.trustUntil = time.Time{}
+		fw.deadline = time.Now()
+	}
+	return followWait
+}
+
+// timedOut acts on the deadline: wait on while the owner said it is alive since, else
+// look the flight up (or, polling, read the stream).
+func (fw *follower) timedOut() followState {
+	r := fw.l.r
+	if at, _ := fw.lookAt(); !fw.polling && time.Until(at) > 0 && r.recheckEvery == 0 {
+		fw.looks = 0 // the owner said it is alive since the wait began
+		return followWait
+	}
+	if fw.polling {
+		fw.read = true
+		return followRead
+	}
+	if r.g.hooks.readGap != nil {
+		r.g.hooks.readGap()
+	}
+	return followLook
+}
+
+// take applies what was pushed, and what the stream holds first when the connection asked
+// for a read (a subscription confirmed, a reconnect) or the follower did.
+func (fw *follower) take() followState {
+	l := fw.l
+	r, g, f, pos := l.r, l.r.g, l.f, &l.pos
+	resync, pushed := fw.w.take()
+	var stored []entry
+	if resync || fw.read {
+		fw.read = false
+		var err error
+		stored, err = r.readAfter(l.ctx, fw.stream, pos.last)
+		if l.ctx.Err() != nil {
+			return fw.end(followEnd{kind: followDone})
+		}
+		if err != nil {
+			r.redisErr("xread", f.key, err) // e.g. a failover: check again
+			return followLook
+		}
+	}
+	got := false
+	// What the stream holds first, then what was pushed (entries pushed meanwhile that the
+	// read already had are skipped by their IDs).
+	for i, e := range append(stored, pushed...) {
+		if !afterID(e.id, pos.last) {
+			continue
+		}
+		if i >= len(stored) && pos.gap(e) {
+			fw.read = true
+			break
+		}
+		got = true
+		if end, ok := pos.apply(f, e); ok {
+			return fw.end(end)
+		}
+	}
+	if got {
+		if g.hooks.afterEntries != nil {
+			g.hooks.afterEntries()
+		}
+		// The owner is alive and writing.
+		fw.since = time.Now()
+		fw.leaseEnd = fw.since.Add(g.opts.LeaseTTL)
+		fw.deadline, fw.looks = fw.leaseEnd, 0
+	}
+	return followWait
+}

@@ -1,0 +1,324 @@
+package singleflight
+
+import (
+	"context"
+	"time"
+)
+
+// leadState is where a leader is in its way through Redis.
+type leadState uint8
+
+const (
+	leadLookup   leadState = iota // look the key up, offering a token when it may be free
+	leadClaim                     // the lookup found nobody running it: claim, or contend first
+	leadContend                   // another attempt ended: wait the jitter, then look again
+	leadRetry                     // our own attempt failed: contend, on another goroutine if Inline
+	leadOwn                       // run the owner function as one attempt
+	leadFollow                    // follow the owner the lookup or claim named
+	leadCatchUp                   // read the stream for a newer attempt that already finished
+	leadLocal                     // Redis failed: own the flight in this process
+	leadEnded                     // the lead is over: end the flight
+	leadDetached                  // the lead goes on on another goroutine, which ends the flight
+)
+
+// followSite is why a leader follows: the end of the follow means something different.
+type followSite uint8
+
+const (
+	followOwner followSite = iota // the owner lookup or claim found
+	followNewer                   // a newer attempt that finished, read from the stream
+)
+
+// leader is one local flight's way through Redis. Its state lives here rather than on a
+// goroutine's stack: while it follows an owner and nothing happens, it holds no goroutine
+// at all (see park), so ten thousand flights followed from one process cost their state,
+// not ten thousand stacks.
+type leader struct {
+	r   *remote
+	ctx context.Context
+	f   *flight
+
+	d        decision // the last answer of lookup or claim, which the next state acts on
+	pos      position
+	last     Result   // the last failed response seen, for when no attempt is left
+	failures int      // failed attempts this flight saw (releases at shutdown excepted)
+	reason   takeover // why we contend
+	role     Role     // the role reported for the flight
+
+	fresh     bool // this flight has not yet seen an attempt of its key (claim.lua restarts its count)
+	contended bool // the jitter before a takeover was waited
+	caughtUp  bool // the stream was read for a finished newer attempt
+
+	fw   *follower  // the follow in progress
+	site followSite // what the lead does when it ends
+}
+
+// lead runs one local flight against Redis. It reports false when the lead goes on on
+// another goroutine (a parked follow, or an Inline flight's retry), which ends the flight.
+func (r *remote) lead(ctx context.Context, f *flight) bool {
+	l := &leader{r: r, ctx: ctx, f: f, fresh: true}
+	return l.run(leadLookup)
+}
+
+// run is the lead's state machine, from st.
+func (l *leader) run(st leadState) bool {
+	for {
+		switch st {
+		case leadLookup:
+			st = l.lookup()
+		case leadClaim:
+			st = l.claim()
+		case leadContend:
+			st = l.contend()
+		case leadRetry:
+			st = l.retry()
+		case leadOwn:
+			st = l.own()
+		case leadFollow:
+			st = l.follow()
+		case leadCatchUp:
+			st = l.startFollow(followNewer, 0, true)
+		case leadLocal:
+			st = l.local()
+		case leadEnded:
+			return true
+		case leadDetached:
+			return false
+		}
+	}
+}
+
+func (l *leader) decide(ro Role) {
+	if l.role == RoleUnknown {
+		l.role = ro
+		l.f.decide(ro)
+		l.r.g.observe(Event{Kind: EventRole, Key: l.f.key, Role: ro})
+	}
+}
+
+// lookup asks Redis what the flight is. A flight that has followed nothing yet offers a
+// token: if the key is free, the lookup claims it in the same round trip.
+func (l *leader) lookup() leadState {
+	r, f := l.r, l.f
+	if l.ctx.Err() != nil {
+		return leadEnded
+	}
+	if r.degradedFor(f.key) {
+		return leadLocal
+	}
+	var candidate string
+	if l.pos.last == "" || l.caughtUp {
+		candidate = r.newToken(l.ctx)
+	}
+	d, err := r.lookup(f.key, f.noCache, candidate, f.call)
+	if err != nil {
+		return leadLocal
+	}
+	f.sawRedis(d.clock)
+	l.d = d
+	switch d.verdict {
+	case verdictOwner:
+		return leadOwn
+	case verdictHit:
+		l.decide(RoleHit)
+		r.serveHit(f, d, &l.pos)
+		return leadEnded
+	case verdictFollow:
+		return leadFollow
+	}
+	return leadClaim
+}
+
+// claim takes over a flight nobody runs. A wait for an attempt that was followed by one
+// that already finished reads that one from the stream first; a claim of someone else's
+// failed or expired attempt waits the jitter first, so that of all contenders the first
+// to wake wins and the rest follow.
+func (l *leader) claim() leadState {
+	r, g, f, seen := l.r, l.r.g, l.f, l.d
+	if seen.seen == seenDone && l.pos.last != "" && !l.caughtUp {
+		l.caughtUp = true
+		return leadCatchUp
+	}
+	if t := takeoverOf(seen.seen); t != takeoverNone && !l.contended {
+		if l.reason == takeoverNone {
+			l.reason = t
+		}
+		return leadContend
+	}
+	token := r.newToken(l.ctx)
+	if g.hooks.beforeClaim != nil {
+		g.hooks.beforeClaim()
+	}
+	d, err := r.claim(l.ctx, f.key, token, seen, l.fresh, f.call)
+	if err != nil {
+		return leadLocal
+	}
+	f.sawRedis(d.clock)
+	l.contended = false
+	l.d = d
+	switch d.verdict {
+	case verdictFollow:
+		return leadFollow
+	case verdictChanged:
+		return leadLookup
+	case verdictExhausted:
+		g.deliverLastError(f, l.last)
+		return leadEnded
+	}
+	if l.reason == takeoverNone {
+		l.reason = takeoverOf(seen.seen)
+	}
+	return leadOwn
+}
+
+func (l *leader) contend() leadState {
+	if !l.r.g.jitter(l.ctx) {
+		return leadEnded
+	}
+	l.contended = true
+	return leadLookup
+}
+
+// retry contends after our own failed attempt. A flight led on its caller's goroutine
+// (CallOptions.Inline) does so on a goroutine of its own: the caller's answer is its own
+// call's, and the retries are for the callers waiting with it.
+func (l *leader) retry() leadState {
+	if !l.f.call.Inline {
+		return leadContend
+	}
+	go func() {
+		if l.run(leadContend) {
+			l.r.g.endLead(l.ctx, l.f)
+		}
+	}()
+	return leadDetached
+}
+
+// own runs one attempt with the token the lookup or claim took (l.d).
+func (l *leader) own() leadState {
+	g, f := l.r.g, l.f
+	l.decide(RoleOwner)
+	if l.reason != takeoverNone {
+		g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: l.reason.String()})
+	}
+	l.reason, l.fresh = takeoverNone, false
+	l.pos = position{token: l.d.token}
+	end, res, _ := g.own(l.ctx, f, newRemoteOwnership(l.r, f.key, l.d))
+	switch end {
+	case attemptDone:
+		return leadEnded
+	case attemptLeaseLost:
+		if !f.canUseNewGen() {
+			return leadEnded // nobody here can use the new owner's answer
+		}
+		return leadLookup // follow whoever owns it now
+	}
+	l.last = res
+	l.failures++
+	if l.ctx.Err() != nil || !g.retryDue(f, max(l.d.attempt, l.failures), l.last) {
+		return leadEnded
+	}
+	l.reason, l.contended = takeoverFailed, true
+	return leadRetry
+}
+
+// local owns the flight in this process alone: Redis failed, or the flight's shard is
+// degraded.
+func (l *leader) local() leadState {
+	g, f := l.r.g, l.f
+	if l.ctx.Err() != nil {
+		return leadEnded
+	}
+	begun := f.begun()
+	if begun && !f.canUseNewGen() {
+		// Every caller here has bytes of an answer that can no longer reach them: a call
+		// of our own would be read by nobody.
+		return leadEnded
+	}
+	if begun || l.reason != takeoverNone {
+		// A flight that had an owner (followed or its own) is taken over; a new one just
+		// runs here.
+		g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: takeoverDegraded.String()})
+	}
+	l.decide(RoleOwner)
+	if g.leadLocal(l.ctx, f, l.failures+1) {
+		return leadEnded
+	}
+	return leadDetached
+}
+
+// follow follows the owner the last answer named.
+func (l *leader) follow() leadState {
+	d := l.d
+	l.decide(RoleFollower)
+	if d.token != l.pos.token {
+		l.pos.switchTo(l.f, d)
+	}
+	// Nothing after the generation's first entry yet (a unary answer, or a stream before
+	// its first batch): the read Redis's confirmation of the subscription brings is the
+	// only one needed.
+	empty := d.batches == 0 && l.pos.last == d.gen
+	return l.startFollow(followOwner, d.remaining, !empty)
+}
+
+// startFollow follows the stream from l.pos until the attempt ends or the wait parks.
+func (l *leader) startFollow(site followSite, remaining time.Duration, readNow bool) leadState {
+	l.site = site
+	fw, ok := l.r.newFollower(l, remaining, readNow)
+	if !ok {
+		return leadEnded // the Group is closing
+	}
+	l.fw = fw
+	return l.followed(fw.loop(evNone))
+}
+
+// resume goes on with a parked follow on the goroutine ev started, and ends the flight
+// when the lead is over.
+func (l *leader) resume(ev wakeEvent) {
+	if l.run(l.followed(l.fw.loop(ev))) {
+		l.r.g.endLead(l.ctx, l.f)
+	}
+}
+
+// followed is the state after a follow that ended as end.
+func (l *leader) followed(end followEnd) leadState {
+	g, f := l.r.g, l.f
+	if end.kind == followParked {
+		return leadDetached
+	}
+	l.fw = nil
+	switch end.kind {
+	case followDone:
+		return leadEnded
+	case followRedisErr:
+		return leadLocal
+	}
+	if l.site == followNewer {
+		return leadLookup // the newer attempt was not in the stream: look again
+	}
+	switch end.kind {
+	case followLost:
+		// Take the stored answer if there is one, else call again.
+		l.fresh, l.contended, l.caughtUp = false, true, true
+		return leadLookup
+	case followFailed:
+		l.last, l.reason = end.res, takeoverShutdown
+		if !end.shutdown {
+			l.reason = takeoverFailed
+			l.failures++
+			if l.pos.attempt >= g.opts.MaxAttempts || l.failures >= g.opts.MaxAttempts {
+				// The attempts are used up: by the flight's count in Redis or, when new
+				// callers keep restarting that count, by what this flight itself saw.
+				g.deliverLastError(f, l.last)
+				return leadEnded
+			}
+		}
+	case followExpired:
+		l.reason = takeoverExpired
+	}
+	l.fresh = false
+	if !f.canUseNewGen() {
+		return leadEnded
+	}
+	return leadContend
+}

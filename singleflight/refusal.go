@@ -1,0 +1,64 @@
+package singleflight
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// unavailable tells errors of an unreachable or unusable server from replies to a command.
+// Authentication and permission errors (a wrong or missing password, an ACL user that may
+// not run the scripts) make Redis as unusable as a network error, for every command, until
+// the configuration is fixed; so do TLS errors (not redis.Error: they fall through).
+func unavailable(err error) bool {
+	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
+		return false // this process is busy, Redis is not down: only that flight goes local
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		msg := re.Error()
+		for _, p := range []string{"LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "BUSY"} {
+			if strings.HasPrefix(msg, p) {
+				return true
+			}
+		}
+		return Refused(err) != NotRefused
+	}
+	return true
+}
+
+// Refusal is how Redis refuses the proxy's configuration rather than one command: every
+// command meets it until the configuration (or the server's role) changes.
+type Refusal int
+
+const (
+	NotRefused        Refusal = iota
+	RefusedAuth               // a wrong or missing password (NOAUTH, WRONGPASS)
+	RefusedPermission         // an ACL user that may not run a command, or publish on a channel (Redis 7 gives new users none)
+	RefusedDB                 // redis.db out of range: every connection's SELECT fails
+	RefusedNotCluster         // several addresses naming a server that is no Cluster
+	RefusedReadOnly           // a read-only replica
+)
+
+// Refused names err's refusal, or NotRefused.
+func Refused(err error) Refusal {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return NotRefused
+	}
+	msg := re.Error()
+	switch {
+	case strings.HasPrefix(msg, "NOAUTH"), strings.HasPrefix(msg, "WRONGPASS"):
+		return RefusedAuth
+	case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "The user executing the script can't"):
+		return RefusedPermission
+	case strings.Contains(msg, "DB index is out of range"):
+		return RefusedDB
+	case strings.Contains(msg, "cluster support disabled"):
+		return RefusedNotCluster
+	case strings.HasPrefix(msg, "READONLY"):
+		return RefusedReadOnly
+	}
+	return NotRefused
+}
