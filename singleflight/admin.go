@@ -39,11 +39,7 @@ func (g *Group) Flights(ctx context.Context, limit int) (list []FlightInfo, more
 	if limit <= 0 {
 		limit = 1000
 	}
-	if g.remote == nil {
-		list, more = g.localFlights(limit)
-	} else {
-		list, more, err = g.remote.flights(ctx, limit)
-	}
+	list, more, err = g.coord.flights(ctx, limit)
 	sort.Slice(list, func(i, j int) bool { return list[i].Age > list[j].Age })
 	return list, more, err
 }

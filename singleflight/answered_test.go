@@ -187,7 +187,7 @@ func TestLateJoinerOfFollowingFlight(t *testing.T) {
 // stored answer, and gets a call of its own.
 func TestFollowerEndingFromStoredAnswerIsFenced(t *testing.T) {
 	sc := heldAfterAnswer(t, redistest.Start(t), Options{ResultTTL: time.Minute}, false, true)
-	r := sc.other.g.remote
+	r := sc.other.g.rem()
 	d, err := r.lookup(sc.early.f.key, false, "", CallOptions{})
 	if err != nil || d.verdict != verdictHit || d.landed == 0 {
 		t.Fatalf("lookup after the answer: %+v, %v; want a hit with its fence", d, err)

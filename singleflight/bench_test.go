@@ -297,7 +297,7 @@ func BenchmarkCompleteScript(b *testing.B) {
 			channels := make([]string, b.N)
 			p := rdb.Pipeline()
 			for i := range keys {
-				keys[i] = g.remote.keys(uniqueKey())
+				keys[i] = g.rem().keys(uniqueKey())
 				channels[i] = keys[i].stream
 				lookupScript.EvalSha(ctx, p, []string{keys[i].meta, keys[i].result, keys[i].stream},
 					"0", "tok"+strconv.Itoa(i), "bench", 3000, 60000, 5000, 0, "/v1/chat/completions", "m")

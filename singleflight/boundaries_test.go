@@ -64,7 +64,7 @@ func TestFollowerFinishesWhenStoredDuringReadGap(t *testing.T) {
 	b := backend{name: "redis", redis: redistest.Start(t)}
 	o := Options{ResultTTL: time.Minute, BatchDelay: time.Millisecond}
 	a, fg := b.group(t, o), b.group(t, o)
-	fg.remote.recheckEvery = 50 * time.Millisecond // looks again while the owner is silent
+	fg.rem().recheckEvery = 50 * time.Millisecond // looks again while the owner is silent
 	key := uniqueKey()
 	s := newStreamer(3)
 	ra, _ := a.Do(key, false, s.fn)
@@ -543,7 +543,7 @@ func TestFollowersElsewhereToldWhenFlightIsGone(t *testing.T) {
 	rb := firstChunk(t, other, key, fn)
 	ctx := context.Background()
 	<-heard // the follower waits on a's alive messages
-	rn := a.remote.renewer
+	rn := a.rem().renewer
 	var owned *remoteOwnership
 	rn.mu.Lock()
 	for rl := range rn.owned {

@@ -12,11 +12,9 @@ import (
 // and not at the first request: a failure that makes Redis unusable degrades the Group, as
 // any command's would, and is reported with EventDegraded. An in-memory Group has nothing
 // to check.
-func (g *Group) Check(ctx context.Context) error {
-	if g.remote == nil {
-		return nil
-	}
-	r := g.remote
+func (g *Group) Check(ctx context.Context) error { return g.coord.check(ctx) }
+
+func (r *remote) check(ctx context.Context) error {
 	fail := func(shard string, err error) error {
 		r.g.observe(Event{Kind: EventRedisError, Op: "ping", Err: err})
 		if unavailable(err) {

@@ -164,7 +164,7 @@ func TestStoredAnswerFromAheadClockIsNotYounger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	result := reader.remote.keys(key).result
+	result := reader.rem().keys(key).result
 	ahead := now.Add(time.Minute).UnixMilli()
 	if err := rdb.HSet(ctx, result, "at", ahead).Err(); err != nil {
 		t.Fatal(err)

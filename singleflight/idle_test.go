@@ -17,12 +17,12 @@ func TestIdleChannelStaysSubscribedThenLeaves(t *testing.T) {
 	b := backend{name: "redis", redis: srv}
 	owner := b.group(t, Options{}) // ResultTTL 0: each round is a new flight
 	follower := b.group(t, Options{})
-	hub := follower.remote.wake
+	hub := follower.rem().wake
 	hub.mu.Lock()
 	hub.keepIdle = time.Hour
 	hub.mu.Unlock()
 	key := uniqueKey()
-	channel := follower.remote.keys(key).stream
+	channel := follower.rem().keys(key).stream
 	ctx := context.Background()
 	subscribers := func() int64 {
 		n, err := srv.Client().PubSubNumSub(ctx, channel).Result()

@@ -7,6 +7,27 @@ import (
 	"time"
 )
 
+// memory is the backend of a Group without Redis: every flight is owned in this process,
+// and stored answers live in its memory alone.
+type memory struct{ g *Group }
+
+func (memory) name() string { return "memory" }
+
+func (m memory) lead(ctx context.Context, f *flight) bool {
+	f.decide(RoleOwner)
+	m.g.observe(Event{Kind: EventRole, Key: f.key, Role: RoleOwner})
+	return m.g.leadLocal(ctx, f, 1)
+}
+
+func (memory) check(context.Context) error { return nil }
+
+func (memory) forget(context.Context, string) (bool, error) { return false, nil }
+
+func (m memory) flights(_ context.Context, limit int) ([]FlightInfo, bool, error) {
+	list, more := m.g.localFlights(limit)
+	return list, more, nil
+}
+
 // localOwnership is ownership inside one process: nothing to renew, fence or write.
 type localOwnership struct{}
 
@@ -34,13 +55,7 @@ func (g *Group) lead(ctx context.Context, f *flight) {
 			return
 		}
 	}
-	if g.remote != nil {
-		ended = g.remote.lead(ctx, f)
-		return
-	}
-	f.decide(RoleOwner)
-	g.observe(Event{Kind: EventRole, Key: f.key, Role: RoleOwner})
-	ended = g.leadLocal(ctx, f, 1)
+	ended = g.coord.lead(ctx, f)
 }
 
 // endLead ends the flight f: its last readers get an error if nothing served them.

@@ -29,9 +29,9 @@ func TestFollowerWaitsOutARedisRestartLateInItsWait(t *testing.T) {
 	rp, led, follower := ownAndFollow(t, a, other)
 	// Renewal rounds for more than the lease the follower's lookup gave it: from then on
 	// only the owner's alive messages keep it waiting.
-	from := a.remote.renewer.round.Load()
+	from := a.rem().renewer.round.Load()
 	waitCond(t, 10*time.Second, "renewals past the follower's first lease", func() bool {
-		return a.remote.renewer.round.Load() >= from+int64(o.LeaseTTL/o.HeartbeatInterval)+2
+		return a.rem().renewer.round.Load() >= from+int64(o.LeaseTTL/o.HeartbeatInterval)+2
 	})
 
 	srv.Stop()

@@ -94,36 +94,46 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 		err = cause
 	}
 	if err == nil && res.Outcome != Retry && res.Head.Status != 0 {
-		ttl := g.resultTTL(res)
-		store := res.Outcome == Store && ttl > 0
-		fin := final{head: res.Head, store: store, ttl: ttl}
-		fin.tail, fin.landedN, fin.skip = w.tail()
-		fin.tail = append(fin.tail, res.Body...)
-		if store { // the whole answer is put together only to be stored
-			fin.transcript = w.transcript(res.Body)
-			g.keepFor(f.key, fin.head, fin.transcript, 0, ttl) // kept here even if Redis is down
-		}
-		// The flight ends for its local readers once the final write is done, not before:
-		// a request sent after an answer arrived must never find that flight running.
-		sent := time.Now()
-		cerr := o.complete(wctx, fin)
-		if g.hooks.completed != nil {
-			g.hooks.completed()
-		}
-		stopHeartbeat()
-		// Refused (another owner took over, and its result is the stored one, or Redis
-		// lost the flight), our local readers still get the whole answer they hold
-		// rather than a second call.
-		g.writeEnded(o, f.key, "complete", cerr)
-		// A caller that joined once the write was on its way may have been sent by a
-		// client answered elsewhere: it is not given the answer (answered.go). So may one
-		// that joined while an unanswered write was made again: it may have landed.
-		if o.remote() && !errors.Is(cerr, ErrLeaseLost) && !errors.Is(cerr, ErrFlightGone) {
-			f.fenceAt(sent)
-		}
-		f.finish(res.Head, res.Body)
+		g.completeAttempt(wctx, f, o, w, res, stopHeartbeat)
 		return attemptDone, res, nil
 	}
+	return attemptFailed, res, g.failAttempt(wctx, f, o, res, err, cause, stopHeartbeat)
+}
+
+// completeAttempt makes an attempt's final write of a whole answer, then ends f with it.
+func (g *Group) completeAttempt(wctx context.Context, f *flight, o ownership, w *Writer, res Result, stopHeartbeat func()) {
+	ttl := g.resultTTL(res)
+	store := res.Outcome == Store && ttl > 0
+	fin := final{head: res.Head, store: store, ttl: ttl}
+	fin.tail, fin.landedN, fin.skip = w.tail()
+	fin.tail = append(fin.tail, res.Body...)
+	if store { // the whole answer is put together only to be stored
+		fin.transcript = w.transcript(res.Body)
+		g.keepFor(f.key, fin.head, fin.transcript, 0, ttl) // kept here even if Redis is down
+	}
+	// The flight ends for its local readers once the final write is done, not before:
+	// a request sent after an answer arrived must never find that flight running.
+	sent := time.Now()
+	cerr := o.complete(wctx, fin)
+	if g.hooks.completed != nil {
+		g.hooks.completed()
+	}
+	stopHeartbeat()
+	// Refused (another owner took over, and its result is the stored one, or Redis
+	// lost the flight), our local readers still get the whole answer they hold
+	// rather than a second call.
+	g.writeEnded(o, f.key, "complete", cerr)
+	// A caller that joined once the write was on its way may have been sent by a
+	// client answered elsewhere: it is not given the answer (answered.go). So may one
+	// that joined while an unanswered write was made again: it may have landed.
+	if o.remote() && !errors.Is(cerr, ErrLeaseLost) && !errors.Is(cerr, ErrFlightGone) {
+		f.fenceAt(sent)
+	}
+	f.finish(res.Head, res.Body)
+}
+
+// failAttempt makes the final write of a failed attempt, and returns why it failed.
+func (g *Group) failAttempt(wctx context.Context, f *flight, o ownership, res Result, err, cause error, stopHeartbeat func()) error {
 	if err == nil {
 		err = fmt.Errorf("%w: no response", ErrFailed)
 		if res.Outcome == Retry && res.Head.Status != 0 {
@@ -146,7 +156,7 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 		lf = &Result{} // no response: the leader's reader gets ErrFailed
 	}
 	f.resetGen(lf)
-	return attemptFailed, res, err
+	return err
 }
 
 // writeEnded acts on how an owner's write op ended, err being the final write's error or

@@ -51,12 +51,12 @@ func TestFollowerTakesOverWhenOwnerFallsSilent(t *testing.T) {
 	second.release()
 	rf, _ := fg.Do(key, false, second.fn)
 	waitCond(t, 5*time.Second, "following", func() bool { return fg.flightRole(key) == RoleFollower })
-	channel := fg.remote.wake.aliveChannel(a.opts.InstanceID)
+	channel := fg.rem().wake.aliveChannel(a.opts.InstanceID)
 	// Alive messages recorded after the follower's look-up: their lease ends after its own.
 	for range 3 {
 		<-heard
 	}
-	waitCond(t, 5*time.Second, "alive recorded", func() bool { return !fg.remote.wake.aliveUntil(channel).IsZero() })
+	waitCond(t, 5*time.Second, "alive recorded", func() bool { return !fg.rem().wake.aliveUntil(channel).IsZero() })
 	<-heard
 	silence()
 	start := time.Now()

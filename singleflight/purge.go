@@ -77,17 +77,20 @@ func (g *Group) channel() string        { return g.opts.KeyPrefix + ":invalidate
 func (g *Group) nsKey(ns string) string { return g.opts.KeyPrefix + ":ns:" + ns }
 
 // startInvalidation starts listening for purges made by other instances; New calls it.
-// The purge channel rides on the pub/sub connection followers wait on (wake.go). Each
-// confirmation of its subscription after the first means purges may have been lost, so
-// everything kept in memory is forgotten.
 func (g *Group) startInvalidation() {
 	g.inv.init()
-	if g.remote == nil {
-		close(g.inv.ready)
-		return
-	}
+	g.coord.listen()
+}
+
+func (m memory) listen() { close(m.g.inv.ready) }
+
+// listen subscribes the purge channel on the pub/sub connection followers wait on
+// (hub.go). Each confirmation of its subscription after the first means purges may have
+// been lost, so everything kept in memory is forgotten.
+func (r *remote) listen() {
+	g := r.g
 	subscribed := false // only the receiving goroutine touches it
-	_ = g.remote.wake.listen(g.channel(), listener{
+	_ = r.wake.listen(g.channel(), listener{
 		message: g.apply,
 		confirmed: func() {
 			if subscribed {
@@ -178,17 +181,19 @@ func (g *Group) recentlyPurged(key string) bool {
 func (g *Group) Forget(ctx context.Context, key string) (bool, error) {
 	found := g.forgetKey(key)
 	g.observe(Event{Kind: EventPurge, Op: "answer", Key: key})
-	if g.remote == nil {
-		return found, nil
-	}
-	n, err := g.opts.Redis.Del(ctx, g.remote.keys(key).result).Result()
+	stored, err := g.coord.forget(ctx, key)
+	return found || stored, err
+}
+
+func (r *remote) forget(ctx context.Context, key string) (bool, error) {
+	n, err := r.rdb.Del(ctx, r.keys(key).result).Result()
 	if err != nil {
-		return found, fmt.Errorf("singleflight: forget: %w", err)
+		return false, fmt.Errorf("singleflight: forget: %w", err)
 	}
-	if err := g.opts.Redis.Publish(ctx, g.channel(), "a "+key).Err(); err != nil {
+	if err := r.rdb.Publish(ctx, r.g.channel(), "a "+key).Err(); err != nil {
 		return true, fmt.Errorf("singleflight: forget: deleted in Redis, but other instances were not told: %w", err)
 	}
-	return found || n > 0, nil
+	return n > 0, nil
 }
 
 // PurgeNamespace starts a new generation of namespace ns: every answer stored in it is out
@@ -196,12 +201,18 @@ func (g *Group) Forget(ctx context.Context, key string) (bool, error) {
 // generation.
 func (g *Group) PurgeNamespace(ctx context.Context, ns string) (uint64, error) {
 	g.observe(Event{Kind: EventPurge, Op: "namespace"})
-	if g.remote == nil {
-		g.inv.mu.Lock()
-		defer g.inv.mu.Unlock()
-		g.inv.local[ns]++
-		return g.inv.local[ns], nil
-	}
+	return g.coord.purgeNamespace(ctx, ns)
+}
+
+func (m memory) purgeNamespace(_ context.Context, ns string) (uint64, error) {
+	m.g.inv.mu.Lock()
+	defer m.g.inv.mu.Unlock()
+	m.g.inv.local[ns]++
+	return m.g.inv.local[ns], nil
+}
+
+func (r *remote) purgeNamespace(ctx context.Context, ns string) (uint64, error) {
+	g := r.g
 	ttl := max(g.opts.MaxResultTTL, g.opts.ResultTTL, time.Minute) + g.opts.Linger
 	s, err := purgeNSScript.Run(ctx, g.opts.Redis, []string{g.nsKey(ns)}, ttl.Milliseconds()).Text()
 	if err != nil {
@@ -228,11 +239,18 @@ var ErrGenerationUnknown = errors.New("singleflight: namespace generation unknow
 // Redis only the first time this process uses ns, or namespaceRefresh after it last read
 // it. When it cannot be read, it returns 0 and an error wrapping ErrGenerationUnknown.
 func (g *Group) Generation(ctx context.Context, ns string) (uint64, error) {
+	return g.coord.generation(ctx, ns)
+}
+
+func (m memory) generation(_ context.Context, ns string) (uint64, error) {
+	m.g.inv.mu.Lock()
+	defer m.g.inv.mu.Unlock()
+	return m.g.inv.local[ns], nil
+}
+
+func (r *remote) generation(ctx context.Context, ns string) (uint64, error) {
+	g := r.g
 	g.inv.mu.Lock()
-	if g.remote == nil {
-		defer g.inv.mu.Unlock()
-		return g.inv.local[ns], nil
-	}
 	e, ok := g.inv.gens.Get(ns)
 	epoch := g.inv.epoch
 	g.inv.mu.Unlock()

@@ -154,7 +154,7 @@ func TestMaxAge(t *testing.T) {
 			g.cache.add(key, sr)
 			g.cacheMu.Unlock()
 			if b.redis != nil {
-				k := g.remote.keys(key)
+				k := g.rem().keys(key)
 				at, _ := b.redis.Client().HGet(context.Background(), k.result, "at").Int64()
 				b.redis.Client().HSet(context.Background(), k.result, "at", at-2000)
 			}
@@ -224,7 +224,7 @@ func TestResultTTLPerAnswer(t *testing.T) {
 				t.Fatalf("second: role %v body %q; want hit kept", o[0].role, o[0].body)
 			}
 			if b.redis != nil {
-				ttl := b.redis.Client().PTTL(context.Background(), g.remote.keys(key).result).Val()
+				ttl := b.redis.Client().PTTL(context.Background(), g.rem().keys(key).result).Val()
 				if ttl <= 50*time.Second || ttl > time.Minute {
 					t.Fatalf("result PTTL %v; want about 1m", ttl)
 				}
@@ -293,7 +293,7 @@ func TestFlightsListingIsBounded(t *testing.T) {
 	g := b.group(t, Options{})
 	ctx := context.Background()
 	for range 5 {
-		k := g.remote.keys(uniqueKey())
+		k := g.rem().keys(uniqueKey())
 		b.redis.Client().HSet(ctx, k.meta, "state", "R", "lease_until", 0, "attempt", 1, "created", 0)
 	}
 	list, more, err := g.Flights(ctx, 3)

@@ -86,7 +86,7 @@ func TestClusterProbeKeyShardDownDegradesOnlyItsShard(t *testing.T) {
 	var key string
 	for i := 0; key == ""; i++ {
 		k := fmt.Sprintf("%064x", i)
-		m, err := c.MasterOf(g.remote.keys(k).meta)
+		m, err := c.MasterOf(g.rem().keys(k).meta)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,5 +94,5 @@ func TestClusterProbeKeyShardDownDegradesOnlyItsShard(t *testing.T) {
 			key = k
 		}
 	}
-	waitCond(t, 5*time.Second, "a key whose master runs is not local-only", func() bool { return !g.remote.degradedFor(key) })
+	waitCond(t, 5*time.Second, "a key whose master runs is not local-only", func() bool { return !g.rem().degradedFor(key) })
 }

@@ -102,7 +102,7 @@ func TestRenewalWhileFinalWriteIsMade(t *testing.T) {
 			key := uniqueKey()
 			meta := "ai:flight:meta:{" + key + "}"
 			var a *Group
-			hook := &finalWriteHook{rn: func() *renewer { return a.remote.renewer }, meta: meta, check: srv.Client(),
+			hook := &finalWriteHook{rn: func() *renewer { return a.rem().renewer }, meta: meta, check: srv.Client(),
 				held: make(chan string, 1), release: make(chan struct{}), rounds: make(chan roundSeen, 1000)}
 			client := srv.Client()
 			client.AddHook(hook)
@@ -135,7 +135,7 @@ func TestRenewalWhileFinalWriteIsMade(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("the final write was never made")
 			}
-			heldIn := a.remote.renewer.round.Load() // a round begun before may still renew it
+			heldIn := a.rem().renewer.round.Load() // a round begun before may still renew it
 
 			// Six later renewals since the write was held: more than a lease.
 			later, started, failed := 0, 0, false
@@ -243,7 +243,7 @@ func TestFailedRenewalTriedBeforeNextRound(t *testing.T) {
 	c.AddHook(hook)
 	g := New(Options{Redis: c, HeartbeatInterval: 400 * time.Millisecond, LeaseTTL: 2 * time.Second})
 	t.Cleanup(func() { g.Close(context.Background()) })
-	hook.rn = func() *renewer { return g.remote.renewer }
+	hook.rn = func() *renewer { return g.rem().renewer }
 	gate := make(chan struct{})
 	defer close(gate)
 	r, err := g.Do(uniqueKey(), false, func(ctx context.Context, w *Writer) (Result, error) {

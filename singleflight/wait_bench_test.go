@@ -34,7 +34,7 @@ func BenchmarkClaimWait(b *testing.B) {
 	}
 	g := New(Options{Redis: rdb})
 	defer g.Close(ctx)
-	r := g.remote
+	r := g.rem()
 	for _, wait := range []bool{false, true} {
 		b.Run("wait="+strconv.FormatBool(wait), func(b *testing.B) {
 			for b.Loop() {

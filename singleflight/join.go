@@ -1,0 +1,61 @@
+package singleflight
+
+import "strconv"
+
+// joinableWith is joinable for a caller with CallOptions; g.mu held. A caller with a
+// MaxAge joins a flight whose role is decided as owner or follower (its answer will be
+// fresh), a no-cache flight, or a flight of callers with the same MaxAge.
+func (g *Group) joinableWith(key string, o CallOptions) (*flight, string) {
+	if o.MaxAge <= 0 || o.NoCache {
+		return g.joinable(key, o.NoCache)
+	}
+	mk := key + "\x00maxage=" + strconv.FormatInt(o.MaxAge.Milliseconds(), 10)
+	for _, lk := range []string{key, key + "\x00nocache", mk} {
+		f := g.flights[lk]
+		if f == nil || f.hasEnded() {
+			continue
+		}
+		if lk == mk || f.noCache {
+			return f, lk
+		}
+		f.mu.Lock()
+		fresh := f.role == RoleOwner || f.role == RoleFollower
+		f.mu.Unlock()
+		if fresh {
+			return f, lk
+		}
+	}
+	return nil, mk
+}
+
+// joinable returns the local flight a caller of key joins, or nil and the map key under
+// which to start one. A caller joins a flight in progress whatever its leader asked; a
+// no-cache caller does not join one that may serve a stored result (a hit, or one whose
+// role is not decided yet), so it gets a flight of its own; g.mu held.
+func (g *Group) joinable(key string, noCache bool) (*flight, string) {
+	usable := func(f *flight) bool {
+		if f == nil || f.hasEnded() {
+			return false // its outcome is out: a caller arriving now starts anew
+		}
+		if !noCache || f.noCache {
+			return true
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.role == RoleOwner || f.role == RoleFollower
+	}
+	if f := g.flights[key]; usable(f) {
+		return f, key
+	}
+	// The no-cache map key is made on the stack for the lookup, and a string only when
+	// it is returned: every hit and every owner looks it up.
+	var buf [128]byte
+	nc := append(append(buf[:0], key...), "\x00nocache"...)
+	if f := g.flights[string(nc)]; usable(f) {
+		return f, string(nc)
+	}
+	if noCache {
+		return nil, string(nc)
+	}
+	return nil, key
+}

@@ -1,0 +1,102 @@
+package singleflight
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Options configures a Group. Zero values are replaced by the defaults given.
+type Options struct {
+	// Redis coordinates instances. If nil, the Group is in-memory: local flights and a
+	// bounded TTL result cache.
+	Redis redis.UniversalClient
+	// KeyPrefix of every Redis key. If empty, "ai:flight" is used.
+	KeyPrefix string
+	// HeartbeatInterval between lease renewals. If zero, 1s is used.
+	HeartbeatInterval time.Duration
+	// LeaseTTL of an owner. If zero, 3s is used.
+	LeaseTTL time.Duration
+	// TakeoverJitter is the upper bound of the random wait before a takeover. If zero,
+	// 500ms is used; negative means none.
+	TakeoverJitter time.Duration
+	// MaxAttempts of upstream calls per flight. If zero, 3 is used.
+	MaxAttempts int
+	// ResultTTL keeps Store outcomes for later identical requests. Zero stores nothing.
+	ResultTTL time.Duration
+	// Linger keeps a finished flight's stream readable for late followers. If zero, 30s.
+	Linger time.Duration
+	// Timeout is the hard limit of one owner function. If zero, 10m is used.
+	Timeout time.Duration
+	// BatchDelay and BatchBytes bound how long streamed bytes wait before they are
+	// appended to Redis. If zero, 5ms and 16 KiB are used.
+	BatchDelay time.Duration
+	BatchBytes int
+	// StreamMaxLen caps the entries of one flight's stream. If zero, 10000 is used.
+	StreamMaxLen int
+	// MemoryMaxEntries bounds the results kept in this process: the result store without
+	// Redis, a first level in front of it with Redis. If zero, 10000 is used.
+	MemoryMaxEntries int
+	// MemoryMaxBytes bounds the same results in bytes (bodies, headers and keys): the least
+	// recently used go first, and a result larger than the bound is not kept in the process.
+	// If zero, 128 MiB is used.
+	MemoryMaxBytes int64
+	// Observer receives the package's events. If nil, they are dropped.
+	Observer Observer
+	// Annotate, if set, is called once for each answer kept in this process (made here or
+	// read from Redis), outside the Group's locks, and what it returns is given with the
+	// answer to each hit served from this process's store as Head.Note: what every hit
+	// would work out from the body is worked out once, the hit that read it from Redis
+	// included. Owners and followers get no Note. If nil, hits get no Note.
+	Annotate func(h Head, body []byte) any
+	// InstanceID names this process in tokens and meta. If empty, a random one is used.
+	InstanceID string
+	// MaxResultTTL is the longest TTL any Result asks for: a namespace's generation is
+	// kept that long after its last purge (see PurgeNamespace). If zero, ResultTTL.
+	MaxResultTTL time.Duration
+}
+
+func (o *Options) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&o.HeartbeatInterval, time.Second)
+	def(&o.LeaseTTL, 3*time.Second)
+	def(&o.TakeoverJitter, 500*time.Millisecond)
+	def(&o.Linger, 30*time.Second)
+	def(&o.Timeout, 10*time.Minute)
+	def(&o.BatchDelay, 5*time.Millisecond)
+	if o.TakeoverJitter < 0 {
+		o.TakeoverJitter = 0
+	}
+	if o.KeyPrefix == "" {
+		o.KeyPrefix = "ai:flight"
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 3
+	}
+	if o.BatchBytes <= 0 {
+		o.BatchBytes = 16 << 10
+	}
+	if o.StreamMaxLen <= 0 {
+		o.StreamMaxLen = 10000
+	}
+	if o.MemoryMaxEntries <= 0 {
+		o.MemoryMaxEntries = 10000
+	}
+	if o.MemoryMaxBytes <= 0 {
+		o.MemoryMaxBytes = 128 << 20
+	}
+	if o.Observer == nil {
+		o.Observer = nopObserver{}
+	}
+	if o.InstanceID == "" {
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		o.InstanceID = hex.EncodeToString(b[:])
+	}
+}
