@@ -105,7 +105,7 @@ func TestRedisStoppedMidRun(t *testing.T) {
 	// A dead Redis is noticed fast, not by requests waiting on it (the server refuses
 	// connections at once). The one wait allowed is a follower's whose owner elsewhere
 	// holds a lease it knows of: it waits, at most until that lease ends, for Redis to come
-	// back (docs/decisions.md, degraded mode). So no request waits longer than a lease and
+	// back (see ADR 0023). So no request waits longer than a lease and
 	// half a second, a fifteenth of which is the upstream's own time.
 	if limit := leaseTTL + 500*time.Millisecond; slowest > limit {
 		t.Errorf("the slowest request took %v while Redis was down; want at most %v", slowest.Round(time.Millisecond), limit)

@@ -104,7 +104,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		Metrics:          promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
 		Logger:           logger,
 		StoreRules:       rules,
-		// Stored by default: see docs/decisions.md.
+		// Stored by default: see ADR 0049.
 		NoStoreToolCalls: !cfg.Store.ToolCalls,
 	})
 	if err != nil {
