@@ -9,21 +9,17 @@
 //
 // Group.Do joins the local flight of a key or starts one. Only the flight's leader talks to
 // the coordinator, so a process holds at most one Redis conversation per key however many
-// callers wait. A leader following another instance's owner holds no goroutine while it
-// waits (park.go): its state, hooked to what can wake it. Its answer is one of:
+// callers wait. Its answer is one of:
 //
 //   - hit: a stored result (Options.ResultTTL) serves every local caller;
-//   - follow: another instance owns the call; the leader reads its stream into the local log;
+//   - follow: another instance owns the call; the leader reads its stream into the local
+//     log, parked while nothing comes (ADR 0015);
 //   - claim: this process becomes the owner and runs the leader's function.
 //
-// After an attempt is abandoned (failed, expired, lost), a flight goes on only while one of
-// its local callers has received nothing yet: a caller with bytes of the abandoned attempt
-// can only end with an error, and no upstream call is made that nobody could use.
-//
-// Every local caller has a Reader over the flight's broadcast log: an append-only list of
-// chunks with a notify channel, read from the caller's own position. A caller that leaves
-// does not disturb the others. The first caller's Reader reports RoleOwner when its process
-// ran the call; the others report RoleFollower; all report RoleHit for a stored result.
+// Every local caller has a Reader over the flight's broadcast log, read from its own
+// position; a caller that leaves does not disturb the others. The first caller's Reader
+// reports RoleOwner when its process ran the call, the others RoleFollower; all report
+// RoleHit for a stored result.
 //
 // # Redis keys
 //
@@ -33,17 +29,15 @@
 //	P:stream:{K}  stream  gen, chunk, done, failed entries, each with the writer's token
 //	                      (done also has landed: when it was written, µs; see answered.go)
 //	P:result:{K}  hash    status, header, body, at, token, landed   (only for a stored outcome)
-//	P:owner-seq   string  INCR counter, first part of every fencing token
+//	P:owner-seq   string  counter, first part of every fencing token (reserved in blocks)
 //	P:ns:NAME     string  generation of namespace NAME (see purge.go)
 //	P:invalidate  channel purges, for every instance's memory (see purge.go)
-//	P:stream:{K}  channel each entry added to the stream of the same name (see wake.go)
-//	P:alive:ID    channel instance ID began a round of renewals (see renewer.go)
+//	P:stream:{K}  channel each entry added to the stream of the same name (see hub.go)
+//	P:alive:ID    channel instance ID renewed its leases (see renewer.go, alive.go)
 //
-// The {K} hash tag puts a flight's three keys in one Cluster slot, so one script touches them
-// atomically. owner-seq lives in another slot: an instance reserves its numbers in blocks
-// (INCRBY 64), and the lookup of a new flight carries a candidate token, so that a key
-// nobody holds is claimed in the lookup itself. An owner costs two round trips, lookup
-// and complete; a takeover is lookup, jitter, lookup, then claim.lua's compare-and-set.
+// The {K} hash tag puts a flight's three keys in one Cluster slot, so one script touches
+// them atomically. An owner costs two round trips, lookup (which claims a free key) and
+// complete (ADR 0002); a takeover is lookup, jitter, lookup, then claim.lua (ADR 0003).
 //
 // # States
 //
@@ -54,65 +48,32 @@
 //	                                        ▼ │ (attempt+1 ≤ MaxAttempts)
 //	                                        F
 //
-// # Rules, and where they live
+// # Rules
 //
-//   - One clock: every lease decision is made in a script with Redis's TIME; lease_until is
-//     Redis time, and scripts answer the remaining milliseconds. TTLs are PEXPIRE with
-//     durations, never a proxy's timestamp. Go code measures with the monotonic clock.
-//     One bound departs from it, and decides no lease: a follower's fence adds a monotonic
-//     wait to a Redis time a lookup answered, with 0.1 % for drift (answered.go). (Scripts need effect replication for TIME followed by writes; it is the default
-//     since Redis 5, and the minimum server is 6.2.)
-//   - Lease, not lock: the owner renews lease_until every HeartbeatInterval (renew.lua).
-//     The meta lives LeaseTTL+Linger, so attempt survives an owner's death.
-//   - Fencing: a token is "seq-instance-local": a number of the owner-seq counter, the
-//     instance id and a per-process counter, because after a failover INCR can repeat a
-//     number. claim.lua is a compare-and-set on the token and the state the claimer saw
-//     (complete keeps the token, so a token alone cannot tell a flight that completed
-//     since); renew, append, complete and fail compare the whole token and do nothing for
-//     anyone else.
-//   - Restore: Redis can lose a running flight (a restart without persistence, a failover
-//     to a replica that had not received the claim). Every owner's write carries the
-//     lease_until Redis last gave it, and restore.lua, prepended to renew, append,
-//     complete and fail, puts an absent meta back while that lease runs by Redis's clock:
-//     within it nobody else can have owned and finished the flight, so no stale owner
-//     writes. A follower that finds its flight absent waits for this until the lease it
-//     knew of runs out.
-//   - Owner suicide: a refused renewal or append cancels the flight context with cause
-//     ErrLeaseLost; the local readers then follow the new owner. A complete refused at the
-//     end still serves the local readers (they hold a whole response), but the stored
-//     result is the new owner's.
-//   - No zombie owner: the heartbeat belongs to the attempt and stops with the owner
-//     function, which runs under Options.Timeout.
-//   - Safe twice: go-redis retries on broken connections, so a repeated claim with my own
-//     token answers owner, appends carry a batch number n and are skipped when already in,
-//     complete and fail are no-ops when already done by the same token.
-//   - No lost wake-up: lookup answers the stream ID of the generation's first entry, and
-//     the follower reads after that concrete ID (never "$"): when it subscribes its
-//     flight's channel, again when Redis confirms the subscription (and after every
-//     reconnect), then takes the entries pushed. When nothing came for a lease and its
-//     owner did not say it is alive, or a read fails, the meta is checked again.
-//   - The stream before the meta: when that check no longer says "running, same owner",
-//     the follower reads what follows its position before acting on it. A finished
-//     attempt wrote its end before any later generation's first entry, so a follower of
-//     an answer that completed always reads it to its end, whatever started since.
-//   - Same answer, no reset: a stored result carries the token that wrote it; a follower
-//     of that attempt finishes from it, appending only what its readers do not have yet.
-//   - No thundering herd: local coalescing makes one contender per process, and a contender
-//     waits a random part of TakeoverJitter, then looks again: the first to wake claims,
-//     the rest find a running owner and follow.
-//   - Waiting costs no command: followers are pushed stream entries over one pub/sub
-//     connection per process (wake.go), and every owned lease is renewed in one batch per
-//     HeartbeatInterval, followed by the owner's alive message (renewer.go); a lease whose
-//     final write is being made is renewed later, when an interval of it is left.
-//   - Everything expires: meta and stream LeaseTTL+Linger while running and Linger once
-//     done; the result ResultTTL; owner-seq a week (tokens stay unique without it). A
-//     claim trims stream entries older than Linger (IDs are the server's milliseconds),
-//     never the generation that just ended: its followers may be between two reads.
-//   - Not after the answer: complete stamps the done entry and the stored answer with its
-//     own Redis time (the owner goes by its own clock); a caller that may have joined a local flight after that
-//     (by an upper bound from the flight's lookups) does not take the answer and joins
-//     the key anew, so a request sent after a unary answer arrived never gets that answer
-//     as if in flight (answered.go).
+//   - One clock: every lease decision is made in a script with Redis's TIME, TTLs are
+//     PEXPIRE durations, and Go code measures with the monotonic clock. The fence alone adds
+//     a monotonic wait to a Redis time, and decides no lease (ADR 0021). Scripts that write
+//     after TIME need effect replication, the default since Redis 5.
+//   - Lease, not lock: one goroutine per process renews every lease, then publishes an
+//     alive message; a lease whose final write is being made is renewed late (ADRs 0007,
+//     0008). The heartbeat lives under Options.Timeout: no zombie owner.
+//   - Fencing: renew, append, complete and fail compare the whole token; claim.lua compares
+//     the token and the state the claimer saw (ADRs 0002, 0003).
+//   - Restore: an owner puts back a meta Redis lost only while its lease runs by Redis's
+//     clock (ADR 0010); past it, it keeps its call for its local callers (ADR 0011).
+//   - Owner suicide: a refused renewal or append cancels the call with ErrLeaseLost; a
+//     refused complete still serves the local readers (ADR 0027).
+//   - Safe twice: a repeated lookup or claim answers owner, appends carry a batch number,
+//     complete and fail are no-ops when already done by the same token (ADR 0004).
+//   - No lost wake-up: a follower reads after a concrete stream ID (never "$") when it
+//     subscribes and on every confirmation, then takes what is pushed (ADR 0012).
+//   - The stream before the meta, and the same answer without a reset (ADR 0006).
+//   - No thundering herd: one contender per process waits the jitter and looks again
+//     (ADR 0003).
+//   - Everything expires; a claim trims only entries older than Linger (ADR 0005).
+//   - Not after the answer: a caller that may have joined after the answer landed looks
+//     again (ADRs 0020, 0021).
+//   - No call nobody can use; attempts are bounded by MaxAttempts (ADR 0026).
 //   - Owner code never hangs a follower: a panic is recovered and fails the attempt.
 //
 // # Outcomes
@@ -120,27 +81,60 @@
 // The owner function's Result says what may be done with its response: Store (shared and
 // stored), Share (shared with this flight only), Retry (the attempt failed: a waiter takes
 // over after the jitter, up to MaxAttempts, then every waiter gets the last failed
-// response). The caller whose function failed gets its own failed response at once; it is
-// what its upstream call said, and nothing is retried for a caller no one else waits with.
+// response). The caller whose function failed gets its own failed response at once
+// (ADR 0025).
 //
 // # Streaming
 //
 // What the owner writes reaches local readers at once and the stream in batches of at most
-// BatchDelay or BatchBytes. A new generation (takeover) resets the log: a reader that has
-// already delivered bytes of the old one gets ErrGenerationChanged; one that has not moves
-// on seamlessly. A generation is capped at StreamMaxLen entries (the rest comes with the
-// final write); a follower that finds a gap in the batch numbers delivers no hole: it waits
-// for the end and finishes from the stored answer of the same token, or gives the
-// generation up.
+// BatchDelay or BatchBytes, the first at once (ADR 0017). A new generation resets the log:
+// a reader that has delivered bytes of the old one gets ErrGenerationChanged; one that has
+// not moves on. Past StreamMaxLen entries the rest comes with the final write, and a
+// follower that finds a gap delivers no hole (ADRs 0004, 0005).
 //
 // # When Redis fails
 //
 // A Redis error that says the server cannot be used degrades the shard that holds the
 // flight's key (in a Cluster, the master of its slot; otherwise all of Redis): new flights
-// of that shard run local-only (one call per process), its waiting followers take over
-// locally, and a probe checks every 250 ms until it answers or its slots moved to a
-// promoted replica; then distributed mode resumes by itself. Flights on healthy shards are
-// not touched. owner-seq is not needed to dedupe: without it tokens keep the last number
-// reserved. Observer reports EventShardDown and EventShardUp per shard, EventDegraded and
-// EventRecovered when the first goes down and the last comes back.
+// of that shard run local-only, and a probe checks every 250 ms until it is usable again
+// (ADR 0022). A follower waits within its owner's lease before it goes local (ADR 0023).
+// Flights on healthy shards are not touched. Observer reports EventShardDown and
+// EventShardUp per shard, EventDegraded and EventRecovered for the first down and the last
+// back.
+//
+// # Glossary
+//
+//   - flight: one key's callers in one process, and its broadcast log (flight.go).
+//   - leader: the one caller's lead that talks to the coordinator for a flight.
+//   - owner: the instance whose attempt holds the flight's token and lease, and calls.
+//   - follower: a caller served by another's call; in Redis, a leader reading another
+//     instance's owner's stream.
+//   - hit: an answer served from the store, in memory or in Redis.
+//   - attempt: one upstream call of a flight, counted in the meta up to MaxAttempts.
+//   - generation: one attempt in the stream (opened by a gen entry) and in the local log.
+//   - takeover: a claim of a flight whose attempt failed or whose lease ran out.
+//   - look: a lookup of a flight's meta by a leader or a follower (look.go).
+//   - alive message: what an instance publishes after each round of renewals, naming the
+//     tokens it stopped renewing (ADR 0009).
+//   - trust: how long a follower believes its owner instance's alive messages: at most
+//     Timeout plus a lease after its last look found the attempt running (ADR 0009).
+//   - park: a waiting follower with no goroutine, hooked to what can wake it (ADR 0015).
+//   - fence, fencing token: the token every owner write is compared against (ADR 0002);
+//     also answered.go's fence for a caller that may have joined after an answer landed.
+//   - linger: how long a finished flight's stream stays readable (Options.Linger).
+//   - restore: an owner putting back a meta Redis lost (restore.lua, ADR 0010).
+//   - degrade: run a shard's flights local-only until the probe finds it usable.
+//
+// # Files
+//
+//   - group.go, join.go, flight.go: local flights and their readers; coordinator.go: the
+//     two backends, local.go (memory) and remote.go (Redis).
+//   - lead.go: the leader's state machine; follow.go and look.go: the follower's wait and
+//     its look-ups; stream.go: the wire format of entries; hit.go: a stored answer.
+//   - hub.go (the connection, send and receive), watch.go, alive.go: pub/sub wake-ups;
+//     park.go: waiting without a goroutine.
+//   - owner.go, remote_owner.go, writer.go, renewer.go: owning an attempt.
+//   - decision.go: typed replies of lua/*.lua; batch.go: group commit (ADR 0016).
+//   - degrade.go, refusal.go, check.go: a failing Redis; answered.go: the fence;
+//     purge.go: purges; cache.go, store.go: answers kept in memory (ADR 0028).
 package singleflight
