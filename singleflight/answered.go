@@ -2,48 +2,16 @@ package singleflight
 
 import "time"
 
-// No caller is given an answer it may have been sent after. An answer reaches clients only
-// once its final write has landed: the owner's after complete's reply, followers elsewhere
-// after its done entry. But a local flight takes new callers until it has ended, and it
-// ends a moment after other instances may have answered: a request sent by a client that
-// already has the answer could join, on another instance (or on the owner's, before
-// complete's reply is handled), a flight that has not ended yet, and be given the answer
-// it was sent to replace (no-cache, or an answer not stored).
-//
-// Each caller records when it joined. The owner's own flight is fenced by its own clock: a
-// caller that joined once the final write was sent is sent back (the margin: that write's
-// round trip). Elsewhere, complete's own time, Redis's clock in µs, is in the done entry
-// ("landed") and the stored answer, and a following flight keeps the first and the latest
-// Redis time its lookups and claims answered and when each was sent: an upper bound of Redis's clock when a caller joined is the reading of a lookup
-// sent after it, or one sent before plus the time since, plus 0.1 % for drift. A caller
-// whose bound is not below the landing may have joined after it: it is not given the
-// answer, and joins the key anew (Reader.rejoin), getting the stored answer if it takes
-// one, or the next call. The caller whose lookup started the flight looked before
-// complete: it is never sent back. A later caller is sent back if it joined within the
-// margin before the landing: the drift on the flight's wait, plus the way of the lookup it
-// is bounded by to Redis. Sent back needlessly, a caller that takes stored answers (the
-// default) pays a round trip; one that does not, a call of its own.
-//
-// Only a caller that has delivered nothing can be sent back. A streamed answer's callers
-// are handed its chunks as they come, from the first, so one that joins before the end
-// gets the stream whole, and the owner's own callers have its last chunk before complete:
-// the fence covers answers read whole (unary ones) and callers that first read after the
-// end.
-//
-// It trusts the clocks: Redis's not to step back between a lookup and the complete after
-// it (a failover to a replica whose clock is behind could send callers back, the flight's
-// first included, who then call again; one whose clock is ahead could let a late caller
-// through), and a process's monotonic clock to drift less than 0.1 % from it. An answer
-// written by a version before this one has no landing, and fences nobody.
-//
-// Answering the owner's client before complete lands was built on a fence like this one and
-// undone: docs/decisions.md says why.
+// The fence: no caller is given an answer it may have been sent after. A flight owned here
+// sends back a caller that joined once its final write was sent. Elsewhere a caller is sent
+// back when an upper bound of Redis's clock at its join (a lookup's reading, plus the time
+// since and 1/driftDiv) is not below the answer's landing. Only a caller that has delivered
+// nothing is sent back: it joins the key anew (Reader.rejoin). See ADRs 0020 and 0021.
 
 // driftDiv is the drift allowed between a process's clock and Redis's: 1/driftDiv.
 const driftDiv = 1000
 
-// clockRef pairs a reading of Redis's clock, in µs, with the local time its command was
-// sent.
+// clockRef pairs a reading of Redis's clock, in µs, with when its command was sent.
 type clockRef struct {
 	us   int64
 	sent time.Time
@@ -78,9 +46,8 @@ func (f *flight) fence(landed int64) {
 	f.mu.Unlock()
 }
 
-// fenceAt sets, for a flight owned here, the local time its final write was sent: no
-// client had the answer before, and callers that joined before are given it. One clock,
-// no margin but the write's round trip.
+// fenceAt sets, for a flight owned here, the local time its final write was sent: callers
+// that joined before it are given the answer.
 func (f *flight) fenceAt(sent time.Time) {
 	f.mu.Lock()
 	f.landedAt = sent

@@ -8,14 +8,9 @@ import (
 	"strings"
 )
 
-// A response's headers travel through Redis as the JSON object encoding/json makes of a
-// map[string][]string (in each done entry, stored result and pushed message). Every
-// follower on another instance decodes one, and every owner encodes one: with ten thousand
-// flights ending at once, encoding/json's reflection was an eighth of a follower instance's
-// CPU. Header names and values are nearly always printable ASCII with nothing to escape;
-// for those, encodeHeader and decodeHeader write and read the JSON directly, byte for byte
-// what encoding/json writes, and anything else (an escape, a byte encoding/json would
-// rewrite, whitespace, a malformed document) goes through encoding/json as before.
+// Headers travel through Redis as the JSON encoding/json makes of a map[string][]string.
+// Printable ASCII with nothing to escape is written and read here, byte for byte what
+// encoding/json writes; anything else goes through encoding/json. See ADR 0018.
 
 // encodeHeader returns h as a JSON object with sorted keys, "" if h is empty.
 func encodeHeader(h map[string][]string) string {
@@ -96,8 +91,8 @@ func decodeHeader(s string) (map[string][]string, error) {
 	return h, err
 }
 
-// parsePlainHeader parses the compact form encodeHeader writes when nothing needs
-// escaping; false for anything else, which encoding/json then parses (or rejects).
+// parsePlainHeader parses what encodeHeader writes when nothing needs escaping; false for
+// anything else.
 func parsePlainHeader(s string) (map[string][]string, bool) {
 	if len(s) < 2 || s[0] != '{' || s[len(s)-1] != '}' {
 		return nil, false
@@ -144,9 +139,8 @@ func parsePlainHeader(s string) (map[string][]string, bool) {
 	return h, true
 }
 
-// plainString reads a quoted string of plain ASCII from the start of p; false if p does not
-// start with one (an escape or a non-ASCII byte included: encoding/json then decodes it,
-// replacing invalid UTF-8 as it does).
+// plainString reads a quoted string of plain ASCII from the start of p; false for anything
+// else, which encoding/json decodes (replacing invalid UTF-8 as it does).
 func plainString(p string) (v, rest string, ok bool) {
 	if len(p) < 2 || p[0] != '"' {
 		return "", "", false

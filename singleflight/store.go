@@ -2,11 +2,8 @@ package singleflight
 
 import "container/list"
 
-// store is the in-process result store: an LRU bounded both in entries and in bytes.
-// hashicorp/golang-lru, used before, bounds entries only, and one stored answer can be
-// tens of megabytes: 30 answers of 16 MB took a process from 14 MB to 763 MB. No library
-// of the module's dependencies evicts by cost; this one is small enough to keep here.
-// It is not safe for concurrent use: Group holds cacheMu around it.
+// store is the in-process result store: an LRU bounded in entries and in bytes (ADR 0028).
+// Group holds cacheMu around it.
 type store struct {
 	maxEntries int
 	maxBytes   int64
@@ -37,9 +34,8 @@ func sizeOf(key string, sr storedResult) int64 {
 	return int64(n)
 }
 
-// add keeps sr under key, replacing what key held, and evicts the least recently used
-// entries until both bounds hold. A result larger than maxBytes is not kept (and evicts
-// nothing): it could never fit.
+// add keeps sr under key and evicts the least recently used entries until both bounds
+// hold. A result larger than maxBytes is not kept, and evicts nothing.
 func (s *store) add(key string, sr storedResult) {
 	size := sizeOf(key, sr)
 	s.remove(key)
