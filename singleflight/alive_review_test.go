@@ -8,13 +8,6 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
-// readWithin reads r to its end, giving up after d.
-func readWithin(r *Reader, d time.Duration) outcome {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	return readAll(ctx, r)
-}
-
 // An owner function stuck past its hard timeout loses its lease: its renewal is skipped.
 // The alive messages of its instance are per instance, not per flight, so while that
 // instance owns any other flight, they keep telling the stuck flight's followers that

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
@@ -37,69 +35,6 @@ func (n *numbered) fn(ctx context.Context, w *Writer) (Result, error) {
 		}
 	}
 	return Result{Head: Head{Status: 200}, Body: fmt.Appendf(nil, "answer-%d", i)}, nil
-}
-
-// readIn reads r in the background.
-func readIn(r *Reader) <-chan outcome {
-	got := make(chan outcome, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		got <- readAll(ctx, r)
-	}()
-	return got
-}
-
-// heldFollower is a Group whose parked followers can be held before they go on.
-type heldFollower struct {
-	g       *Group
-	reads   *cmdCounter // XREADs
-	holding atomic.Bool
-	hold    chan struct{}
-}
-
-func newHeldFollower(t *testing.T, srv *redistest.Server, o Options) *heldFollower {
-	h := &heldFollower{hold: make(chan struct{}), reads: &cmdCounter{match: func(c redis.Cmder) bool { return c.Name() == "xread" }}}
-	o.Redis = srv.Client()
-	o.Redis.AddHook(h.reads)
-	h.g = New(o)
-	h.g.hooks.resumed = func() {
-		if h.holding.Load() {
-			<-h.hold
-		}
-	}
-	t.Cleanup(func() {
-		h.release()
-		h.g.Close(context.Background())
-	})
-	return h
-}
-
-// follow starts a caller of key that follows the flight running elsewhere, and waits until
-// its flight has read the stream once (when its subscription was confirmed) and parked:
-// from then on it is held before it reads what is pushed.
-func (h *heldFollower) follow(t *testing.T, key string, noCache bool, fn Func) (*Reader, <-chan outcome) {
-	t.Helper()
-	r, err := h.g.Do(key, noCache, fn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lkey := key
-	if noCache {
-		lkey += "\x00nocache"
-	}
-	waitCond(t, 10*time.Second, "following", func() bool { return h.g.flightRole(lkey) == RoleFollower })
-	waitCond(t, 10*time.Second, "subscription confirmed and read", func() bool { return h.reads.n.Load() >= 1 })
-	h.holding.Store(true)
-	return r, readIn(r)
-}
-
-func (h *heldFollower) release() {
-	select {
-	case <-h.hold:
-	default:
-		close(h.hold)
-	}
 }
 
 type afterAnswerCase struct {

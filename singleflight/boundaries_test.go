@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,43 +17,6 @@ import (
 // a follower of another instance that already holds bytes of an answer must read that
 // answer to its end, whatever happens to the key around it, and an answer that completed
 // must never be asked of the upstream a second time.
-
-// streamReader reads r in the background; first is closed once it delivered bytes.
-type streamReader struct {
-	first chan struct{}
-	done  chan outcome
-}
-
-func readStream(ctx context.Context, r *Reader) *streamReader {
-	s := &streamReader{first: make(chan struct{}), done: make(chan outcome, 1)}
-	go func() {
-		defer r.Close()
-		var b []byte
-		var once sync.Once
-		for {
-			c, err := r.Next(ctx)
-			if len(c) > 0 {
-				b = append(b, c...)
-				once.Do(func() { close(s.first) })
-			}
-			if errors.Is(err, io.EOF) {
-				s.done <- outcome{head: r.Head(), body: string(b), role: r.Role()}
-				return
-			}
-			if err != nil {
-				s.done <- outcome{head: r.Head(), body: string(b), role: r.Role(), err: err}
-				return
-			}
-		}
-	}()
-	return s
-}
-
-// once returns a hook that runs fn the first time it is called, and nothing after.
-func once(fn func()) func() {
-	var o sync.Once
-	return func() { o.Do(fn) }
-}
 
 // Hole 1: a follower's read runs out while the owner is silent mid-stream; the owner
 // completes and stores its answer before the follower looks again. The follower must finish
@@ -580,17 +541,4 @@ func TestFollowersElsewhereToldWhenFlightIsGone(t *testing.T) {
 	if out.err == nil || errors.Is(out.err, context.DeadlineExceeded) || waited > a.opts.HeartbeatInterval+a.opts.LeaseTTL/2 {
 		t.Fatalf("the follower elsewhere ended after %v with (%q, %v); want an error within an interval and a half lease", waited, out.body, out.err)
 	}
-}
-
-// firstChunk joins key's flight on g and reads its first chunk.
-func firstChunk(t *testing.T, g *Group, key string, fn Func) *Reader {
-	t.Helper()
-	r, err := g.Do(key, false, fn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.Next(context.Background()); err != nil {
-		t.Fatalf("first chunk: %v", err)
-	}
-	return r
 }

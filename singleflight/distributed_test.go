@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -37,15 +36,6 @@ func TestOneOwnerAcrossGroups(t *testing.T) {
 	if rp.calls.Load() != 1 || roles[RoleOwner] != 1 {
 		t.Fatalf("%d calls, roles %v; want 1 call and exactly 1 owner", rp.calls.Load(), roles)
 	}
-}
-
-// deadOwner makes g's heartbeats stop until the returned function is called: to the other
-// instances g looks dead (or paused) for that long.
-func deadOwner(g *Group) (revive func()) {
-	stop := make(chan struct{})
-	g.hooks.beforeRenew = func(context.Context) { <-stop }
-	var once sync.Once
-	return func() { once.Do(func() { close(stop) }) }
 }
 
 func TestOwnerDiesFollowerTakesOver(t *testing.T) {

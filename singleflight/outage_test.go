@@ -103,29 +103,6 @@ func TestUnaryEndingDuringARedisRestartReachesFollowers(t *testing.T) {
 	wantStored(t, srv, rp.key, "call 1", rp.calls.Load())
 }
 
-// owned is a unary flight a owns, answering "call 1" once released.
-type owned struct {
-	*reply
-	key string
-}
-
-// ownAndFollow starts a unary flight of a new key on a, held until released, and a caller
-// of it on other, once other follows it.
-func ownAndFollow(t *testing.T, a, other *Group) (rp owned, owner <-chan *Reader, follower *Reader) {
-	t.Helper()
-	rp = owned{newReply("call 1"), uniqueKey()}
-	running := make(chan struct{}, 2)
-	fn := started(running, rp.fn)
-	owner = doAsync(t, a, rp.key, CallOptions{Inline: true}, fn)
-	<-running
-	follower, err := other.Do(rp.key, false, fn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitCond(t, 5*time.Second, "the other instance follows", func() bool { return other.flightRole(rp.key) == RoleFollower })
-	return rp, owner, follower
-}
-
 // restartPair is two instances of srv, their clients set up as the proxy's are, with a
 // lease long enough to outlast a restart.
 func restartPair(t *testing.T, srv *redistest.Server) (a, other *Group, recA *recorder) {
@@ -158,15 +135,6 @@ func wantStored(t *testing.T, srv *redistest.Server, key, want string, calls int
 	if got := srv.Client().HGet(context.Background(), "ai:flight:result:{"+key+"}", "body").Val(); got != want {
 		t.Fatalf("stored answer %q; want %q", got, want)
 	}
-}
-
-// productClient is a client of srv set up as the proxy sets up its own (see newRedis in
-// cmd/llm-dedupe-proxy): one dial per attempt, two retries.
-func productClient(t *testing.T, srv *redistest.Server) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second,
-		WriteTimeout: time.Second, MaxRetries: 2, DialerRetries: 1})
-	t.Cleanup(func() { c.Close() })
-	return c
 }
 
 // A Redis that restarts with its data a moment old (an RDB snapshot, an append-only file

@@ -3,56 +3,12 @@ package singleflight
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
-
-// streamer is an owner function that writes numbered SSE events, holding the last one
-// until hold is closed.
-type streamer struct {
-	events int
-	hold   chan struct{}
-	first  chan struct{} // closed once the first event was written
-	calls  atomic.Int32  // calls of fn
-}
-
-func newStreamer(events int) *streamer {
-	return &streamer{events: events, hold: make(chan struct{}), first: make(chan struct{})}
-}
-
-func (s *streamer) transcript() string {
-	var b strings.Builder
-	for i := range s.events {
-		fmt.Fprintf(&b, "data: %d\n\n", i)
-	}
-	return b.String()
-}
-
-func (s *streamer) fn(ctx context.Context, w *Writer) (Result, error) {
-	s.calls.Add(1)
-	w.WriteHead(Head{Status: 200, Header: map[string][]string{"Content-Type": {"text/event-stream"}}})
-	for i := range s.events {
-		if i == s.events-1 {
-			select {
-			case <-s.hold:
-			case <-ctx.Done():
-				return Result{}, context.Cause(ctx)
-			}
-		}
-		if _, err := fmt.Fprintf(w, "data: %d\n\n", i); err != nil {
-			return Result{}, err
-		}
-		if i == 0 {
-			close(s.first)
-		}
-	}
-	return Result{Outcome: Store}, nil
-}
 
 func TestStreamLiveAcrossGroups(t *testing.T) {
 	for _, b := range backends(t) {
