@@ -3,7 +3,6 @@ package singleflight
 import (
 	"context"
 	"runtime"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,52 +41,6 @@ func TestParkedFollowersHoldNoGoroutine(t *testing.T) {
 		}
 		if i >= n && o.role != RoleFollower {
 			t.Fatalf("reader %d: role %v, want follower", i, o.role)
-		}
-	}
-	if c := rp.calls.Load(); c != n {
-		t.Fatalf("%d upstream calls for %d keys", c, n)
-	}
-}
-
-// TestAliveMessagesWakeNoFollower: an owner instance's alive messages, once a heartbeat,
-// are recorded once per process; the followers of its flights stay parked.
-func TestAliveMessagesWakeNoFollower(t *testing.T) {
-	b := backend{name: "redis", redis: redistest.Start(t)}
-	o := Options{HeartbeatInterval: 20 * time.Millisecond, LeaseTTL: 500 * time.Millisecond}
-	owner := b.group(t, o)
-	follower := New(Options{Redis: b.redis.Client(), HeartbeatInterval: o.HeartbeatInterval, LeaseTTL: o.LeaseTTL})
-	var resumed atomic.Int64
-	heard := make(chan struct{}, 100)
-	follower.hooks.resumed = func() { resumed.Add(1) }
-	follower.hooks.aliveHeard = func() {
-		select {
-		case heard <- struct{}{}:
-		default:
-		}
-	}
-	t.Cleanup(func() { follower.Close(context.Background()) })
-	const n = 100
-	rp := newReply(`{"answer":42}`)
-	keys, readers := ownEach(t, owner, n, func(int) Func { return rp.fn })
-	readers = append(readers, followEach(t, follower, keys, rp.fn)...)
-	// Settled: every follower has read its stream and its subscription was confirmed.
-	waitCond(t, 10*time.Second, "followers parked", func() bool { return resumed.Swap(0) == 0 })
-	for range 10 {
-		select {
-		case <-heard:
-		case <-time.After(5 * time.Second):
-			t.Fatal("no alive message from the owner instance")
-		}
-	}
-	if r := resumed.Load(); r > n/10 {
-		t.Fatalf("%d followers woken by 10 alive messages", r)
-	}
-	rp.release()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for i, r := range readers {
-		if o := readAll(ctx, r); o.err != nil || o.body != rp.body {
-			t.Fatalf("reader %d: %+v", i, o)
 		}
 	}
 	if c := rp.calls.Load(); c != n {
