@@ -75,30 +75,3 @@ func TestFollowerOfUnaryFlightReadsOnce(t *testing.T) {
 		t.Fatalf("the follower sent %d XREADs; want 1", n)
 	}
 }
-
-// TestAliveHeardBeforeDeadlineDoesNotPutOffLook: a look asked for soon (a re-read after the
-// meta disagreed, or a newer attempt's end to find) waits for alive messages heard after
-// it was asked for, not for one heard before.
-func TestAliveHeardBeforeDeadlineDoesNotPutOffLook(t *testing.T) {
-	g := New(Options{Redis: redistest.Start(t).Client(), LeaseTTL: time.Second})
-	t.Cleanup(func() { g.Close(context.Background()) })
-	ch := g.remote.wake.aliveChannel("owner-instance")
-	w, err := g.remote.wake.watch(ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.close()
-	l := &leader{r: g.remote, ctx: context.Background(), f: &flight{key: uniqueKey()}, pos: position{token: "1-owner-instance-1"}}
-	fw := &follower{l: l, alive: w}
-	fw.trust()
-	g.remote.wake.heard(ch, nil)
-	fw.since = time.Now()
-	fw.deadline = fw.since.Add(20 * time.Millisecond)
-	if at, byAlive := fw.lookAt(); byAlive || !at.Equal(fw.deadline) {
-		t.Fatalf("look at %v (by alive %v); want the deadline %v", at, byAlive, fw.deadline)
-	}
-	g.remote.wake.heard(ch, nil)
-	if at, byAlive := fw.lookAt(); !byAlive || !at.After(fw.deadline) {
-		t.Fatalf("look at %v (by alive %v); want later than the deadline %v, by alive", at, byAlive, fw.deadline)
-	}
-}
