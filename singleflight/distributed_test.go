@@ -4,79 +4,11 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
-
-func TestOneOwnerAcrossGroups(t *testing.T) {
-	b := backend{name: "redis", redis: redistest.Start(t)}
-	var groups []*Group
-	for range 5 {
-		groups = append(groups, b.group(t, Options{ResultTTL: time.Minute}))
-	}
-	key := uniqueKey()
-	rp := newReply("shared")
-	var waits []func() []outcome
-	for _, g := range groups {
-		waits = append(waits, doAll(t, g, key, 20, rp.fn))
-	}
-	rp.release()
-	roles := map[Role]int{}
-	for _, w := range waits {
-		for _, o := range w() {
-			if o.err != nil || o.body != "shared" {
-				t.Fatalf("got (%q, %v); want shared", o.body, o.err)
-			}
-			roles[o.role]++
-		}
-	}
-	if rp.calls.Load() != 1 || roles[RoleOwner] != 1 {
-		t.Fatalf("%d calls, roles %v; want 1 call and exactly 1 owner", rp.calls.Load(), roles)
-	}
-}
-
-func TestOwnerDiesFollowerTakesOver(t *testing.T) {
-	b := backend{name: "redis", redis: redistest.Start(t)}
-	o := Options{LeaseTTL: 600 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond, TakeoverJitter: 100 * time.Millisecond}
-	a, bg := b.group(t, o), b.group(t, o)
-	revive := deadOwner(a)
-	defer revive()
-	key := uniqueKey()
-
-	var calls atomic.Int32
-	ran := make(chan time.Time, 2)
-	hang := make(chan struct{})
-	defer close(hang)
-	fn := func(ctx context.Context, w *Writer) (Result, error) {
-		n := calls.Add(1)
-		ran <- time.Now()
-		if n == 1 {
-			<-hang // the dead owner never answers
-			return Result{}, errors.New("dead")
-		}
-		return Result{Head: Head{Status: 200}, Body: []byte("second")}, nil
-	}
-	ra, _ := a.Do(key, false, fn)
-	defer ra.Close()
-	claimed := <-ran
-	outs := doAll(t, bg, key, 10, fn)()
-	took := (<-ran).Sub(claimed)
-	for _, o := range outs {
-		if o.err != nil || o.body != "second" {
-			t.Fatalf("follower got (%q, %v); want second", o.body, o.err)
-		}
-	}
-	if calls.Load() != 2 {
-		t.Fatalf("%d calls; want 2", calls.Load())
-	}
-	if limit := o.LeaseTTL + o.TakeoverJitter + 500*time.Millisecond; took > limit {
-		t.Fatalf("takeover after %v; want within lease + jitter (+500ms slack) = %v", took, limit)
-	}
-	t.Logf("takeover %v after the claim (lease %v, jitter %v)", took, o.LeaseTTL, o.TakeoverJitter)
-}
 
 func TestPausedOwnerIsFenced(t *testing.T) {
 	srv := redistest.Start(t)
@@ -141,54 +73,6 @@ func TestPausedOwnerIsFenced(t *testing.T) {
 
 func containsInstance(token, id string) bool {
 	return strings.Contains(token, "-"+id+"-")
-}
-
-func TestThunderingHerd(t *testing.T) {
-	srv := redistest.Start(t)
-	b := backend{name: "redis", redis: srv}
-	o := Options{LeaseTTL: 500 * time.Millisecond, HeartbeatInterval: 150 * time.Millisecond, TakeoverJitter: 300 * time.Millisecond}
-	owner := b.group(t, o)
-	revive := deadOwner(owner)
-	defer revive()
-	key := uniqueKey()
-	hang := make(chan struct{})
-	defer close(hang)
-	started := make(chan struct{}, 1)
-	ro, _ := owner.Do(key, false, func(ctx context.Context, w *Writer) (Result, error) {
-		started <- struct{}{}
-		<-hang
-		return Result{}, errors.New("dead")
-	})
-	defer ro.Close()
-	<-started
-
-	var calls atomic.Int32
-	fn := func(ctx context.Context, w *Writer) (Result, error) {
-		calls.Add(1)
-		return Result{Head: Head{Status: 200}, Body: []byte("won")}, nil
-	}
-	claims := &cmdCounter{match: scriptRuns(claimScript)}
-	var waits []func() []outcome
-	for range 20 {
-		oi := o
-		rdb := srv.Client()
-		rdb.AddHook(claims)
-		oi.Redis = rdb
-		g := New(oi)
-		t.Cleanup(func() { g.Close(context.Background()) })
-		waits = append(waits, doAll(t, g, key, 2, fn))
-	}
-	for _, w := range waits {
-		for _, out := range w() {
-			if out.body != "won" {
-				t.Fatalf("got (%q, %v); want won", out.body, out.err)
-			}
-		}
-	}
-	if n := claims.n.Load(); calls.Load() != 1 || n < 1 || n > 20 {
-		t.Fatalf("%d winners, %d claim attempts; want exactly 1 winner and 1..20 attempts", calls.Load(), n)
-	}
-	t.Logf("20 instances: %d claim attempts for 1 takeover", claims.n.Load())
 }
 
 func TestRedisStoppedDuringFlight(t *testing.T) {

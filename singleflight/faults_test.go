@@ -165,37 +165,3 @@ func TestHeartbeatStopsAtHardTimeout(t *testing.T) {
 		t.Fatalf("follower got (%q, %v); want the takeover's answer", got.body, got.err)
 	}
 }
-
-// Two local flights of one key (a no-cache caller arriving before the first flight's role
-// is known gets its own) still make one upstream call: their lookups offer different
-// tokens, so only one of them can claim.
-func TestTwoLocalFlightsOneClaim(t *testing.T) {
-	srv := redistest.Start(t)
-	rec := newRecorder()
-	g := backend{redis: srv}.group(t, Options{ResultTTL: time.Minute, Observer: rec})
-	twice := 0
-	defer func() { t.Logf("%d of 20 keys had two local flights", twice) }()
-	for i := range 20 {
-		key := uniqueKey()
-		rp := newReply("one")
-		r1, _ := g.Do(key, false, rp.fn)
-		r2, _ := g.Do(key, true, rp.fn)
-		// Both flights decide their role while the call is held; if they share a local
-		// flight, only one role event comes, and the test goes on after it.
-		rec.waitFor(t, EventRole, 2*i+1, 10*time.Second)
-		g.mu.Lock()
-		two := g.flights[key] != nil && g.flights[key+"\x00nocache"] != nil
-		g.mu.Unlock()
-		if two {
-			twice++
-			rec.waitFor(t, EventRole, 2*i+2, 10*time.Second)
-		} else {
-			rec.Observe(Event{Kind: EventRole}) // keep the count in step
-		}
-		rp.release()
-		ctx := context.Background()
-		if o1, o2 := readAll(ctx, r1), readAll(ctx, r2); o1.body != "one" || o2.body != "one" || rp.calls.Load() != 1 {
-			t.Fatalf("two local flights %v: got %q and %q with %d calls; want one call for both", two, o1.body, o2.body, rp.calls.Load())
-		}
-	}
-}
