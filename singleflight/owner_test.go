@@ -2,11 +2,78 @@ package singleflight
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
+
+func TestPausedOwnerIsFenced(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	o := Options{LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, ResultTTL: time.Minute}
+	for _, mode := range []string{"renew refused", "complete refused"} {
+		t.Run(mode, func(t *testing.T) {
+			recA := newRecorder()
+			oa := o
+			oa.Observer = recA
+			a, bg := b.group(t, oa), b.group(t, o)
+			revive := deadOwner(a)
+			defer revive()
+			key := uniqueKey()
+
+			cause := make(chan error, 1)
+			finishA := make(chan struct{})
+			started := make(chan struct{}, 1)
+			fnA := func(ctx context.Context, w *Writer) (Result, error) {
+				started <- struct{}{}
+				select {
+				case <-ctx.Done():
+					cause <- context.Cause(ctx)
+					return Result{}, context.Cause(ctx)
+				case <-finishA:
+					return Result{Head: Head{Status: 200}, Body: []byte("stale")}, nil
+				}
+			}
+			ra, _ := a.Do(key, false, fnA)
+			defer ra.Close()
+			<-started
+			rpB := newReply("fresh")
+			rpB.release()
+			outs := doAll(t, bg, key, 3, rpB.fn)()
+			for _, o := range outs {
+				if o.body != "fresh" {
+					t.Fatalf("B got %q; want fresh", o.body)
+				}
+			}
+			if mode == "renew refused" {
+				revive()
+				if c := <-cause; !errors.Is(c, ErrLeaseLost) {
+					t.Fatalf("old owner's cause %v; want ErrLeaseLost", c)
+				}
+				recA.waitFor(t, EventLeaseLost, 1, 5*time.Second)
+			} else {
+				close(finishA)
+				recA.waitFor(t, EventFencedWrite, 1, 5*time.Second)
+			}
+			// The stored result is the new owner's.
+			tok, err := srv.Client().HGet(context.Background(), "ai:flight:result:{"+key+"}", "token").Result()
+			if err != nil {
+				t.Fatalf("HGET token: %v", err)
+			}
+			body, _ := srv.Client().HGet(context.Background(), "ai:flight:result:{"+key+"}", "body").Result()
+			if body != "fresh" || !containsInstance(tok, bg.opts.InstanceID) {
+				t.Fatalf("stored (%q, token %q); want (fresh, a token of instance %s)", body, tok, bg.opts.InstanceID)
+			}
+		})
+	}
+}
+
+func containsInstance(token, id string) bool {
+	return strings.Contains(token, "-"+id+"-")
+}
 
 // A complete refused at the end still serves the owner's local readers: they hold a whole
 // answer (doc.go, "Owner suicide"). The same answer is cut off when what gets refused is
