@@ -4,8 +4,6 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
 // A no-cache caller joins an identical call in flight, in memory too.
@@ -26,21 +24,5 @@ func TestNoCacheJoinsCallInFlight(t *testing.T) {
 				t.Fatalf("got %q and %q with %d calls; want x twice, 1 call", o1.body, o2.body, rp.calls.Load())
 			}
 		})
-	}
-}
-
-// The heartbeat ends with the hard timeout, even for an owner function that ignores its
-// context: the lease then runs out and a follower takes over.
-func TestHeartbeatStopsAtHardTimeout(t *testing.T) {
-	srv := redistest.Start(t)
-	b := backend{redis: srv}
-	o := Options{Timeout: 300 * time.Millisecond, LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, MaxAttempts: 2}
-	a, f := b.group(t, o), b.group(t, o)
-	key := uniqueKey()
-	stuckOwner(t, a, key)
-	rp := newReply("second")
-	rp.release()
-	if got := doAll(t, f, key, 1, rp.fn)()[0]; got.body != "second" {
-		t.Fatalf("follower got (%q, %v); want the takeover's answer", got.body, got.err)
 	}
 }
