@@ -92,28 +92,3 @@ func (p *partition) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		return next(ctx, cmds)
 	}
 }
-
-// Closing an instance while Redis is down ends within its context and one write: an owner
-// released at shutdown does not make its final write again.
-func TestCloseDuringAnOutageDoesNotWaitOutTheLease(t *testing.T) {
-	srv := redistest.Start(t)
-	g := New(Options{Redis: productClient(t, srv)}) // a lease of 3 s
-	running := make(chan struct{}, 1)
-	r, err := g.Do(uniqueKey(), false, started(running, func(ctx context.Context, w *Writer) (Result, error) {
-		<-ctx.Done()
-		return Result{}, context.Cause(ctx)
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	<-running
-	srv.Stop()
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	_ = g.Close(ctx)
-	if d := time.Since(start); d > 1500*time.Millisecond {
-		t.Fatalf("Close took %v with a context of 100 ms while Redis was down; want no wait for the lease (3 s)", d)
-	}
-}
