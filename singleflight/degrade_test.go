@@ -96,3 +96,57 @@ func TestClusterProbeKeyShardDownDegradesOnlyItsShard(t *testing.T) {
 	}
 	waitCond(t, 5*time.Second, "a key whose master runs is not local-only", func() bool { return !g.remote.degradedFor(key) })
 }
+
+func TestRedisStoppedDuringFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	recA, recB := newRecorder(), newRecorder()
+	o := Options{LeaseTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond}
+	oa, ob := o, o
+	oa.Observer, ob.Observer = recA, recB
+	a, bg := b.group(t, oa), b.group(t, ob)
+	key := uniqueKey()
+	rp := newReply("local")
+	running := make(chan struct{}, 4)
+	fn := started(running, rp.fn)
+	waitA := doAll(t, a, key, 3, fn)
+	<-running
+	waitB := doAll(t, bg, key, 3, fn)
+	recB.waitFor(t, EventRole, 1, 5*time.Second) // B follows
+	srv.Stop()
+	recB.waitFor(t, EventDegraded, 1, 10*time.Second)
+	rp.release()
+	for _, w := range []func() []outcome{waitA, waitB} {
+		for _, o := range w() {
+			if o.err != nil || o.body != "local" {
+				t.Fatalf("with Redis down: got (%q, %v); want local", o.body, o.err)
+			}
+		}
+	}
+	if !bg.Degraded() {
+		t.Fatalf("B not degraded with Redis down")
+	}
+
+	srv.Restart()
+	recA.waitFor(t, EventRecovered, 1, 10*time.Second)
+	recB.waitFor(t, EventRecovered, 1, 10*time.Second)
+	rp2 := newReply("distributed")
+	running2 := make(chan struct{}, 4)
+	fn2 := started(running2, rp2.fn)
+	key2 := uniqueKey()
+	w2a := doAll(t, a, key2, 2, fn2)
+	<-running2
+	w2b := doAll(t, bg, key2, 2, fn2)
+	recB.waitFor(t, EventRole, 2, 5*time.Second)
+	rp2.release()
+	for _, w := range []func() []outcome{w2a, w2b} {
+		for _, o := range w() {
+			if o.body != "distributed" {
+				t.Fatalf("after recovery: got (%q, %v)", o.body, o.err)
+			}
+		}
+	}
+	if rp2.calls.Load() != 1 {
+		t.Fatalf("after recovery %d calls; want 1 (distributed dedupe resumed)", rp2.calls.Load())
+	}
+}
