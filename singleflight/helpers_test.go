@@ -402,3 +402,11 @@ func (g *Group) flightRole(key string) Role {
 	defer f.mu.Unlock()
 	return f.role
 }
+
+// storeOne runs one flight of key on g with an answer that is stored, and returns it.
+func storeOne(t *testing.T, g *Group, key, body string) outcome {
+	t.Helper()
+	rp := newReply(body)
+	rp.release()
+	return doAll(t, g, key, 1, rp.fn)()[0]
+}
