@@ -57,11 +57,11 @@ func TestAliveMessagesWakeNoFollower(t *testing.T) {
 }
 
 // An owner function stuck past its hard timeout loses its lease: its renewal is skipped.
-// The alive messages of its instance are per instance, not per flight, so while that
-// instance owns any other flight, they keep telling the stuck flight's followers that
-// "the owner" is alive; the followers never look their flight up, never take over, and
-// wait as long as the stuck function (TestHeartbeatStopsAtHardTimeout, with the same owner
-// holding one more flight).
+// The alive messages of its instance are per instance, not per flight: while that instance
+// owns other flights, they must not tell the stuck flight's followers that "the owner" is
+// alive; the followers look their flight up and take over once the lease ran out, rather
+// than wait as long as the stuck function (TestHeartbeatStopsAtHardTimeout, with the same
+// owner holding one more flight).
 func TestAliveOfOtherFlightDoesNotKeepStuckOwner(t *testing.T) {
 	srv := redistest.Start(t)
 	b := backend{redis: srv}
@@ -107,8 +107,8 @@ func keepBusy(g *Group) (stop func()) {
 // The flight ended without a stream entry: its complete failed (here Redis refuses writes
 // for a moment, OOM; PUBLISH is still allowed). The owner's own caller has its answer; the
 // meta stays RUNNING with nobody renewing it, so its lease runs out. A follower elsewhere
-// should look the flight up then and take over; the alive messages of the owner's instance,
-// busy with other flights, keep it waiting instead, for as long as that instance is busy.
+// must look the flight up then and take over, although the alive messages of the owner's
+// instance, busy with other flights, go on.
 func TestAliveDoesNotHideAFlightWhoseCompleteFailed(t *testing.T) {
 	srv := redistest.Start(t)
 	b := backend{redis: srv}

@@ -16,9 +16,8 @@ import (
 // A Redis that answers PING but refuses every command the proxy sends is a configuration
 // to fix, shown at start-up as degraded, and stays degraded: a read-only replica named as
 // the server, a database index out of range, several addresses (a Cluster client) naming
-// a server that is no Cluster. Before, Check and the probe asked with a PING: the first two
-// cases were never reported (every request an owner, nothing stored, errors at debug
-// level), and the replica made the instance degrade and recover on every request.
+// a server that is no Cluster. Check and the probe ask with a write, as the proxy's scripts
+// do, not with a PING, which such a server answers (see usableScript).
 func TestRedisThatRefusesTheProxyStaysDegraded(t *testing.T) {
 	master := redistest.Start(t)
 	_, port, _ := strings.Cut(master.Addr, ":")
@@ -62,8 +61,7 @@ func TestRedisThatRefusesTheProxyStaysDegraded(t *testing.T) {
 }
 
 // In a Cluster the probe's write goes to one shard, the probe key's: that shard down
-// degrades its own keys, not the whole instance (the first version of the write probe left
-// every key local-only until that one master came back).
+// degrades its own keys, not the whole instance.
 func TestClusterProbeKeyShardDownDegradesOnlyItsShard(t *testing.T) {
 	c := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3, PartialCoverage: true})
 	rdb := c.Client()

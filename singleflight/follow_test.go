@@ -94,7 +94,7 @@ func TestLostWakeup(t *testing.T) {
 // answer to its end, whatever happens to the key around it, and an answer that completed
 // must never be asked of the upstream a second time.
 
-// Hole 1: a follower's read runs out while the owner is silent mid-stream; the owner
+// A follower's read runs out while the owner is silent mid-stream; the owner
 // completes and stores its answer before the follower looks again. The follower must finish
 // the answer it was streaming (the stored result has its token), not start it over.
 func TestFollowerFinishesWhenStoredDuringReadGap(t *testing.T) {
@@ -127,7 +127,7 @@ func TestFollowerFinishesWhenStoredDuringReadGap(t *testing.T) {
 	}
 }
 
-// Hole 2: the owner completes without storing (dedupe only, or a no-cache caller claims
+// The owner completes without storing (dedupe only, or a no-cache caller claims
 // the finished flight), and a new identical request claims the key while a follower is
 // between two reads of the finished answer. The follower must still read to its done.
 func TestFollowerFinishesWhenNewFlightClaimsAfterEnd(t *testing.T) {
@@ -294,10 +294,9 @@ func TestFollowerTakesOverWhenOwnerFallsSilent(t *testing.T) {
 }
 
 // A short Redis outage (a restart without persistence) costs no call, however long the
-// follower had been waiting when it came. Before, a follower that had waited past the lease
-// its lookup gave it (its owner's alive messages extending the wait) forgot those messages
-// as soon as Redis stopped answering: it knew only the lease of its lookup, long run out, and
-// took the flight over at once, on every following instance.
+// follower had been waiting when it came: a follower kept waiting past the lease its lookup
+// gave it by its owner's alive messages goes on counting on them while Redis does not
+// answer, rather than take the flight over at once on the lease of its lookup.
 func TestFollowerWaitsOutARedisRestartLateInItsWait(t *testing.T) {
 	srv := redistest.Start(t)
 	b := backend{redis: srv}

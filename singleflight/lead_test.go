@@ -161,7 +161,7 @@ func TestThunderingHerd(t *testing.T) {
 	t.Logf("20 instances: %d claim attempts for 1 takeover", claims.n.Load())
 }
 
-// Hole 3: a contender saw the owner's lease run out and waits the jitter; the paused owner
+// A contender saw the owner's lease run out and waits the jitter; the paused owner
 // wakes and completes, storing its answer. The contender's claim must not start a second
 // upstream call: it gets the stored answer.
 func TestClaimAfterOwnerCompletedGetsTheAnswer(t *testing.T) {
@@ -278,8 +278,8 @@ func TestClaimTrimsGenerationsPastLinger(t *testing.T) {
 
 // A follower on another instance that had already received bytes of a streamed answer
 // when Redis stopped answering cannot use a call of its own: its caller can only end
-// with an error, and no local call is made for it (one used to be, its answer read by
-// nobody and then stored on that instance alone).
+// with an error, and no local call is made for it (its answer would be read by nobody, and
+// stored on that instance alone).
 func TestNoDegradedCallForCallersWithBytes(t *testing.T) {
 	srv := redistest.Start(t)
 	b := backend{redis: srv}
@@ -328,8 +328,8 @@ func TestDegradedLeadBeforeItsCallerIsCounted(t *testing.T) {
 	rec.waitFor(t, EventDegraded, 1, 10*time.Second)
 	before := rec.count(EventTakeover)
 	g.hooks.leadStarted = func() {
-		// Hold DoWith here until the lead has decided what to do without Redis. With
-		// the check of old, the lead ended the flight instead, and no takeover came.
+		// Hold DoWith here until the lead has decided what to do without Redis: take the
+		// flight over locally; a lead that ended the flight instead brings no takeover.
 		deadline := time.After(5 * time.Second)
 		for rec.count(EventTakeover) == before {
 			rec.mu.Lock()

@@ -76,12 +76,11 @@ func containsInstance(token, id string) bool {
 }
 
 // A complete refused at the end still serves the owner's local readers: they hold a whole
-// answer (doc.go, "Owner suicide"). The same answer is cut off when what gets refused is
-// the final flush of the bytes still pending as the owner function returned: own() takes
-// the Writer's ErrLeaseLost for a lost attempt, abandons the generation, and the local
-// reader that already has bytes of it gets ErrGenerationChanged, although its upstream
-// call returned the whole answer. Whether a reader is served then depends only on whether
-// the last write was still waiting for its batch.
+// answer (doc.go, "Owner suicide"). So does a refused final flush of the bytes still pending
+// as the owner function returned: the Writer's ErrLeaseLost then must not make own()
+// abandon the generation under a local reader that has bytes of it (ErrGenerationChanged,
+// although its upstream call returned the whole answer). Whether a reader is served must
+// not depend on whether the last write was still waiting for its batch.
 //
 // Interleaving: the owner streams "A" (appended at once) and "B" (waiting for the batch
 // delay); its renewals stall; its lease runs out and another instance takes over; the

@@ -56,11 +56,9 @@ func TestOwnerRestoresLostFlight(t *testing.T) {
 // ground that "within its lease nobody else can have owned and finished the flight".
 // That holds only while a finished flight's meta outlives the rest of that lease: a meta
 // lost to a restart is claimed at once by the next caller (lookup on absent), which may
-// complete before the old owner's next renewal, and its DONE meta lives only Linger.
-// With Linger shorter than the lease (the configuration allows any linger ≥ 1ms), the old
-// owner's renewal found nothing, restored its stale token, and its complete then
-// overwrote the answer the new owner stored: a stale owner wrote. A finished meta now
-// lives at least a lease.
+// complete before the old owner's next renewal. So a finished meta lives at least a lease,
+// whatever Linger (any linger ≥ 1ms is allowed): the old owner's renewal finds it, and
+// neither restores its stale token nor overwrites the answer the new owner stored.
 func TestStaleOwnerDoesNotRestoreOverFinishedFlight(t *testing.T) {
 	srv := redistest.Start(t)
 	b := backend{redis: srv}
@@ -103,9 +101,8 @@ func TestStaleOwnerDoesNotRestoreOverFinishedFlight(t *testing.T) {
 // A Redis that restarts empty after being down longer than an owner's lease: the flight's
 // meta is gone and the owner cannot put it back (its lease ran out: another might have
 // taken the flight over and finished it meanwhile). Its call goes on for the callers in
-// its process, which get its answer, and its final write is refused. (The owner used to
-// take the missing meta for another owner's and cancel its call: its callers then waited
-// for a second call, and the log said another instance took over when none had.)
+// its process, which get its answer, and its final write is refused. A missing meta is not
+// another owner's: the call is not cancelled, and no second call is made.
 func TestOwnerKeepsItsCallWhenRedisLostFlightPastLease(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, stream := range []bool{false, true} {
@@ -185,9 +182,9 @@ func TestOwnerKeepsItsCallWhenRedisLostFlightPastLease(t *testing.T) {
 
 // A stream whose last event comes while Redis restarts still reaches its followers on
 // other instances, whole, from the one call: the owner makes its final write again while
-// its lease runs, and the restarted Redis takes it (the flight put back). Before, the one
-// failed write ended the attempt: every follower elsewhere, holding all but the end of the
-// stream, was cut short, and the answer was not stored.
+// its lease runs, and the restarted Redis takes it (the flight put back). One failed write
+// does not end the attempt: followers elsewhere get the end of the stream, and the answer
+// is stored.
 func TestStreamEndingDuringARedisRestartReachesFollowers(t *testing.T) {
 	srv := redistest.Start(t)
 	a, other, recA := restartPair(t, srv)
@@ -273,9 +270,9 @@ func wantStored(t *testing.T, srv *redistest.Server, key, want string, calls int
 // synced every second) while a stream runs: the flight is there, running under the same
 // token, but its last batch is lost. The owner's final write, made again once Redis
 // answers, must number its done entry after the batches the owner knows landed, not the
-// ones the old meta counts: a follower that had not applied the lost batch (held here, as
-// a slow process would be) took the done entry for the next batch and ended with an answer
-// missing its middle, and no error. Now it sees the gap and finishes from the stored answer.
+// ones the old meta counts, so that a follower that had not applied the lost batch (held
+// here, as a slow process would be) sees the gap rather than take the done entry for the
+// next batch: it never ends with an answer missing its middle, and no error.
 func TestCompleteAfterARolledBackStreamLeavesNoHole(t *testing.T) {
 	srv := redistest.Start(t)
 	recA := newRecorder()
