@@ -95,7 +95,10 @@ func TestClusterProbeKeyShardDownDegradesOnlyItsShard(t *testing.T) {
 	waitCond(t, 5*time.Second, "a key whose master runs is not local-only", func() bool { return !g.remote.degradedFor(key) })
 }
 
-func TestRedisStoppedDuringFlight(t *testing.T) {
+// Redis stopped while a flight runs: the callers on every instance get an answer from a
+// local call, the instances are degraded; once Redis answers again they recover, and the
+// next flight is deduplicated across them again.
+func TestFlightsGoLocalWhileRedisIsDownThenDedupeResumes(t *testing.T) {
 	srv := redistest.Start(t)
 	b := backend{name: "redis", redis: srv}
 	recA, recB := newRecorder(), newRecorder()

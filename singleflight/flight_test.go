@@ -10,7 +10,9 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
-func TestStreamGenerationChange(t *testing.T) {
+// A flight taken over moves to a new generation: its reader that had bytes of the dead one
+// gets ErrGenerationChanged; one that had read nothing reads the new generation whole.
+func TestGenerationChangeFailsOnlyReadersWithBytes(t *testing.T) {
 	srv := redistest.Start(t)
 	b := backend{name: "redis", redis: srv}
 	o := Options{LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, BatchDelay: time.Millisecond}

@@ -63,7 +63,9 @@ func TestStreamLiveAcrossGroups(t *testing.T) {
 	}
 }
 
-func TestLostWakeup(t *testing.T) {
+// A follower whose owner completes between the follower's lookup and its first read gets
+// the answer from that read: it misses no entry written before it, and waits for no lease.
+func TestFollowerMissesNoEntryWrittenBeforeItsFirstRead(t *testing.T) {
 	b := backend{name: "redis", redis: redistest.Start(t)}
 	// A long lease: a follower that missed the done entry would wait for it to run out.
 	o := Options{LeaseTTL: 30 * time.Second, HeartbeatInterval: 10 * time.Second}
