@@ -2,14 +2,14 @@ package singleflight
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // The interleavings at a flight's end on an instance that follows it: the owner's client has
@@ -37,69 +37,6 @@ func (n *numbered) fn(ctx context.Context, w *Writer) (Result, error) {
 		}
 	}
 	return Result{Head: Head{Status: 200}, Body: fmt.Appendf(nil, "answer-%d", i)}, nil
-}
-
-// readIn reads r in the background.
-func readIn(r *Reader) <-chan outcome {
-	got := make(chan outcome, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		got <- readAll(ctx, r)
-	}()
-	return got
-}
-
-// heldFollower is a Group whose parked followers can be held before they go on.
-type heldFollower struct {
-	g       *Group
-	reads   *cmdCounter // XREADs
-	holding atomic.Bool
-	hold    chan struct{}
-}
-
-func newHeldFollower(t *testing.T, srv *redistest.Server, o Options) *heldFollower {
-	h := &heldFollower{hold: make(chan struct{}), reads: &cmdCounter{match: func(c redis.Cmder) bool { return c.Name() == "xread" }}}
-	o.Redis = srv.Client()
-	o.Redis.AddHook(h.reads)
-	h.g = New(o)
-	h.g.hooks.resumed = func() {
-		if h.holding.Load() {
-			<-h.hold
-		}
-	}
-	t.Cleanup(func() {
-		h.release()
-		h.g.Close(context.Background())
-	})
-	return h
-}
-
-// follow starts a caller of key that follows the flight running elsewhere, and waits until
-// its flight has read the stream once (when its subscription was confirmed) and parked:
-// from then on it is held before it reads what is pushed.
-func (h *heldFollower) follow(t *testing.T, key string, noCache bool, fn Func) (*Reader, <-chan outcome) {
-	t.Helper()
-	r, err := h.g.Do(key, noCache, fn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lkey := key
-	if noCache {
-		lkey += "\x00nocache"
-	}
-	waitCond(t, 10*time.Second, "following", func() bool { return h.g.flightRole(lkey) == RoleFollower })
-	waitCond(t, 10*time.Second, "subscription confirmed and read", func() bool { return h.reads.n.Load() >= 1 })
-	h.holding.Store(true)
-	return r, readIn(r)
-}
-
-func (h *heldFollower) release() {
-	select {
-	case <-h.hold:
-	default:
-		close(h.hold)
-	}
 }
 
 type afterAnswerCase struct {
@@ -265,3 +202,86 @@ func following(t *testing.T, g *Group, key string, out <-chan outcome) {
 		return len(out) > 0 || g.flightRole(key) == RoleFollower || g.flightRole(key+"\x00nocache") == RoleFollower
 	})
 }
+
+// The owner's final write runs on Redis (a follower elsewhere reads the done entry, and its
+// client has the answer) but its reply is lost, and the owner is cut off from Redis from
+// then on. While it makes the write again, its flight takes callers: one sent after the
+// client elsewhere had the answer must not be given it (answered.go). The fence is set
+// unless the write was refused: an unanswered write may have landed.
+func TestLateJoinerOfAFlightWhoseFinalReplyWasLost(t *testing.T) {
+	srv := redistest.Start(t)
+	o := Options{LeaseTTL: 1500 * time.Millisecond, HeartbeatInterval: 300 * time.Millisecond}
+	p := &partition{cutAfter: scriptCalls(completeScript)}
+	oa := o
+	oa.Redis = srv.Client()
+	oa.Redis.AddHook(p)
+	a := backend{}.group(t, oa)
+	other := backend{redis: srv}.group(t, o)
+
+	key := uniqueKey()
+	n := newNumbered()
+	ra, err := a.Do(key, false, n.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownerOut := readIn(ra)
+	waitCond(t, 10*time.Second, "the owner running", func() bool { return n.calls.Load() == 1 })
+	rb, err := other.Do(key, false, n.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rbOut := readIn(rb)
+	following(t, other, key, rbOut)
+	close(n.gate)
+	if out := <-rbOut; out.body != "answer-1" {
+		t.Fatalf("the follower elsewhere got (%q, %v, %v); want answer-1", out.body, out.role, out.err)
+	}
+	// A request sent from then on, to the owner's instance.
+	late, err := a.Do(key, false, n.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lateOut := readIn(late)
+	if out := <-ownerOut; out.err != nil || out.body != "answer-1" {
+		t.Errorf("the owner's caller got (%q, %v, %v); want answer-1", out.body, out.role, out.err)
+	}
+	if out := <-lateOut; out.body == "answer-1" {
+		t.Fatalf("a request sent after a client had answer-1 was given it as if in flight")
+	}
+}
+
+// partition, once cut, fails every command of its client without sending it, as a network
+// partition between one instance and Redis would; it is cut right after the first command
+// that cutAfter accepts ran on Redis, whose reply is then lost.
+type partition struct {
+	cut      atomic.Bool
+	cutAfter func(redis.Cmder) bool
+}
+
+func (p *partition) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (p *partition) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if p.cut.Load() {
+			cmd.SetErr(errPartitioned)
+			return errPartitioned
+		}
+		err := next(ctx, cmd)
+		if err == nil && p.cutAfter(cmd) && p.cut.CompareAndSwap(false, true) {
+			cmd.SetErr(errPartitioned) // it ran; its reply is lost
+			return errPartitioned
+		}
+		return err
+	}
+}
+
+func (p *partition) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if p.cut.Load() {
+			return failAll(cmds, errPartitioned)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+var errPartitioned = errors.New("read tcp: connection reset by peer (test partition)")

@@ -16,10 +16,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-func instant(ctx context.Context, w *Writer) (Result, error) {
-	return Result{Head: Head{Status: 200}, Body: []byte(`{"ok":true}`)}, nil
-}
-
 func drain(b *testing.B, r *Reader) {
 	defer r.Close()
 	for {
@@ -137,19 +133,6 @@ func BenchmarkFollowerWakeLag(b *testing.B) {
 		drain(b, ro)
 	}
 	b.ReportMetric(float64(total.Microseconds())/float64(b.N), "lag-µs/op")
-}
-
-// flightRole is the role of key's local flight, for benchmarks that must wait for it.
-func (g *Group) flightRole(key string) Role {
-	g.mu.Lock()
-	f := g.flights[key]
-	g.mu.Unlock()
-	if f == nil {
-		return RoleUnknown
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.role
 }
 
 // BenchmarkWaitingFollowerMemory reports the heap held per waiting caller: local callers

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
 func TestHundredCallersOneCall(t *testing.T) {
@@ -331,5 +333,51 @@ func TestInlineCallerLeadsOnItsGoroutine(t *testing.T) {
 				t.Errorf("%d calls; want 1", n)
 			}
 		})
+	}
+}
+
+// A no-cache caller joins an identical call in flight, in memory too.
+func TestNoCacheJoinsCallInFlight(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			g := b.group(t, Options{ResultTTL: time.Minute})
+			key := uniqueKey()
+			rp := newReply("x")
+			running := make(chan struct{}, 2)
+			fn := started(running, rp.fn)
+			r1, _ := g.Do(key, false, fn)
+			<-running
+			r2, _ := g.Do(key, true, fn)
+			rp.release()
+			ctx := context.Background()
+			if o1, o2 := readAll(ctx, r1), readAll(ctx, r2); o1.body != "x" || o2.body != "x" || rp.calls.Load() != 1 {
+				t.Fatalf("got %q and %q with %d calls; want x twice, 1 call", o1.body, o2.body, rp.calls.Load())
+			}
+		})
+	}
+}
+
+// Closing an instance while Redis is down ends within its context and one write: an owner
+// released at shutdown does not make its final write again.
+func TestCloseDuringAnOutageDoesNotWaitOutTheLease(t *testing.T) {
+	srv := redistest.Start(t)
+	g := New(Options{Redis: productClient(t, srv)}) // a lease of 3 s
+	running := make(chan struct{}, 1)
+	r, err := g.Do(uniqueKey(), false, started(running, func(ctx context.Context, w *Writer) (Result, error) {
+		<-ctx.Done()
+		return Result{}, context.Cause(ctx)
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	<-running
+	srv.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_ = g.Close(ctx)
+	if d := time.Since(start); d > 1500*time.Millisecond {
+		t.Fatalf("Close took %v with a context of 100 ms while Redis was down; want no wait for the lease (3 s)", d)
 	}
 }

@@ -3,7 +3,6 @@ package singleflight
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha1"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -14,9 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
@@ -59,27 +57,6 @@ func uniqueKey() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
-
-// reply is an owner function that counts its calls and answers body once gate is closed.
-type reply struct {
-	calls atomic.Int32
-	gate  chan struct{}
-	body  string
-}
-
-func newReply(body string) *reply { return &reply{gate: make(chan struct{}), body: body} }
-
-func (rp *reply) fn(ctx context.Context, w *Writer) (Result, error) {
-	rp.calls.Add(1)
-	select {
-	case <-rp.gate:
-	case <-ctx.Done():
-		return Result{}, context.Cause(ctx)
-	}
-	return Result{Head: Head{Status: 200, Header: map[string][]string{"Content-Type": {"application/json"}}}, Body: []byte(rp.body)}, nil
-}
-
-func (rp *reply) release() { close(rp.gate) }
 
 // outcome is what one caller got.
 type outcome struct {
@@ -221,82 +198,12 @@ func (r *recorder) waitFor(t testing.TB, k EventKind, n int, timeout time.Durati
 	}
 }
 
-// started returns an owner function that signals each call on a channel, then runs next.
-func started(ch chan<- struct{}, next Func) Func {
-	return func(ctx context.Context, w *Writer) (Result, error) {
-		ch <- struct{}{}
-		return next(ctx, w)
-	}
-}
-
 // waitCond polls cond (for states that announce no event) until it holds or limit passes.
 func waitCond(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
 	redistest.WaitUntil(t, limit, what, func() (bool, string) {
 		return cond(), fmt.Sprintf("%d goroutines", runtime.NumGoroutine())
 	})
-}
-
-// failAll gives every command of a pipeline err, as a pipeline that did not reach Redis
-// gets, and returns it.
-func failAll(cmds []redis.Cmder, err error) error {
-	for _, c := range cmds {
-		c.SetErr(err)
-	}
-	return err
-}
-
-// cmdCounter is a client hook counting the commands that match (every one when match is
-// nil): calls, and the round trips that carry them (a pipeline is one).
-type cmdCounter struct {
-	match    func(redis.Cmder) bool
-	n, calls atomic.Int64 // round trips, commands
-}
-
-// scriptRuns matches the EVALSHAs of script.
-func scriptRuns(script *redis.Script) func(redis.Cmder) bool {
-	return func(cmd redis.Cmder) bool {
-		a := cmd.Args()
-		return len(a) > 1 && a[0] == "evalsha" && a[1] == script.Hash()
-	}
-}
-
-// scriptCalls matches the runs of script, by EVALSHA or (the first, on a Redis that did not
-// have it) EVAL.
-func scriptCalls(script *redis.Script) func(redis.Cmder) bool {
-	bySHA := scriptRuns(script)
-	return func(cmd redis.Cmder) bool {
-		if bySHA(cmd) {
-			return true
-		}
-		a := cmd.Args()
-		if len(a) < 2 || a[0] != "eval" {
-			return false
-		}
-		src, _ := a[1].(string)
-		return fmt.Sprintf("%x", sha1.Sum([]byte(src))) == script.Hash()
-	}
-}
-
-func (c *cmdCounter) count(cmds ...redis.Cmder) {
-	k := 0
-	for _, cmd := range cmds {
-		if c.match == nil || c.match(cmd) {
-			k++
-		}
-	}
-	if k > 0 {
-		c.n.Add(1)
-		c.calls.Add(int64(k))
-	}
-}
-
-func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error { c.count(cmd); return next(ctx, cmd) }
-}
-func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error { c.count(cmds...); return next(ctx, cmds) }
 }
 
 // ownEach starts n flights of new keys on g, the i-th run by fn(i), and waits until g
@@ -339,19 +246,167 @@ func followEach(t *testing.T, g *Group, keys []string, fn Func) []*Reader {
 	return readers
 }
 
-// stuckOwner starts key's flight on g with an owner function that ignores its context and
-// returns only when the test ends, and waits until it runs.
-func stuckOwner(t *testing.T, g *Group, key string) {
+// readWithin reads r to its end, giving up after d.
+func readWithin(r *Reader, d time.Duration) outcome {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	return readAll(ctx, r)
+}
+
+// streamReader reads r in the background; first is closed once it delivered bytes.
+type streamReader struct {
+	first chan struct{}
+	done  chan outcome
+}
+
+func readStream(ctx context.Context, r *Reader) *streamReader {
+	s := &streamReader{first: make(chan struct{}), done: make(chan outcome, 1)}
+	go func() {
+		defer r.Close()
+		var b []byte
+		var once sync.Once
+		for {
+			c, err := r.Next(ctx)
+			if len(c) > 0 {
+				b = append(b, c...)
+				once.Do(func() { close(s.first) })
+			}
+			if errors.Is(err, io.EOF) {
+				s.done <- outcome{head: r.Head(), body: string(b), role: r.Role()}
+				return
+			}
+			if err != nil {
+				s.done <- outcome{head: r.Head(), body: string(b), role: r.Role(), err: err}
+				return
+			}
+		}
+	}()
+	return s
+}
+
+// firstChunk joins key's flight on g and reads its first chunk.
+func firstChunk(t *testing.T, g *Group, key string, fn Func) *Reader {
 	t.Helper()
-	stuck := make(chan struct{})
-	running := make(chan struct{}, 1)
-	r, err := g.Do(key, false, started(running, func(ctx context.Context, w *Writer) (Result, error) {
-		<-stuck // ignores ctx
-		return Result{}, errors.New("stuck")
-	}))
+	r, err := g.Do(key, false, fn)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := r.Next(context.Background()); err != nil {
+		t.Fatalf("first chunk: %v", err)
+	}
+	return r
+}
+
+// once returns a hook that runs fn the first time it is called, and nothing after.
+func once(fn func()) func() {
+	var o sync.Once
+	return func() { o.Do(fn) }
+}
+
+// owned is a unary flight a owns, answering "call 1" once released.
+type owned struct {
+	*reply
+	key string
+}
+
+// ownAndFollow starts a unary flight of a new key on a, held until released, and a caller
+// of it on other, once other follows it.
+func ownAndFollow(t *testing.T, a, other *Group) (rp owned, owner <-chan *Reader, follower *Reader) {
+	t.Helper()
+	rp = owned{newReply("call 1"), uniqueKey()}
+	running := make(chan struct{}, 2)
+	fn := started(running, rp.fn)
+	owner = doAsync(t, a, rp.key, CallOptions{Inline: true}, fn)
 	<-running
-	t.Cleanup(func() { r.Close(); close(stuck) })
+	follower, err := other.Do(rp.key, false, fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, 5*time.Second, "the other instance follows", func() bool { return other.flightRole(rp.key) == RoleFollower })
+	return rp, owner, follower
+}
+
+// readIn reads r in the background.
+func readIn(r *Reader) <-chan outcome {
+	got := make(chan outcome, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		got <- readAll(ctx, r)
+	}()
+	return got
+}
+
+// heldFollower is a Group whose parked followers can be held before they go on.
+type heldFollower struct {
+	g       *Group
+	reads   *cmdCounter // XREADs
+	holding atomic.Bool
+	hold    chan struct{}
+}
+
+func newHeldFollower(t *testing.T, srv *redistest.Server, o Options) *heldFollower {
+	h := &heldFollower{hold: make(chan struct{}), reads: &cmdCounter{match: func(c redis.Cmder) bool { return c.Name() == "xread" }}}
+	o.Redis = srv.Client()
+	o.Redis.AddHook(h.reads)
+	h.g = New(o)
+	h.g.hooks.resumed = func() {
+		if h.holding.Load() {
+			<-h.hold
+		}
+	}
+	t.Cleanup(func() {
+		h.release()
+		h.g.Close(context.Background())
+	})
+	return h
+}
+
+// follow starts a caller of key that follows the flight running elsewhere, and waits until
+// its flight has read the stream once (when its subscription was confirmed) and parked:
+// from then on it is held before it reads what is pushed.
+func (h *heldFollower) follow(t *testing.T, key string, noCache bool, fn Func) (*Reader, <-chan outcome) {
+	t.Helper()
+	r, err := h.g.Do(key, noCache, fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lkey := key
+	if noCache {
+		lkey += "\x00nocache"
+	}
+	waitCond(t, 10*time.Second, "following", func() bool { return h.g.flightRole(lkey) == RoleFollower })
+	waitCond(t, 10*time.Second, "subscription confirmed and read", func() bool { return h.reads.n.Load() >= 1 })
+	h.holding.Store(true)
+	return r, readIn(r)
+}
+
+func (h *heldFollower) release() {
+	select {
+	case <-h.hold:
+	default:
+		close(h.hold)
+	}
+}
+
+// flightRole is the role of key's local flight, for tests and benchmarks that must wait for
+// it.
+func (g *Group) flightRole(key string) Role {
+	g.mu.Lock()
+	f := g.flights[key]
+	g.mu.Unlock()
+	if f == nil {
+		return RoleUnknown
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.role
+}
+
+// storeOne runs one flight of key on g with an answer that is stored, and returns it.
+func storeOne(t *testing.T, g *Group, key, body string) outcome {
+	t.Helper()
+	rp := newReply(body)
+	rp.release()
+	return doAll(t, g, key, 1, rp.fn)()[0]
 }

@@ -3,7 +3,6 @@ package singleflight
 import (
 	"context"
 	"runtime"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,52 +48,6 @@ func TestParkedFollowersHoldNoGoroutine(t *testing.T) {
 	}
 }
 
-// TestAliveMessagesWakeNoFollower: an owner instance's alive messages, once a heartbeat,
-// are recorded once per process; the followers of its flights stay parked.
-func TestAliveMessagesWakeNoFollower(t *testing.T) {
-	b := backend{name: "redis", redis: redistest.Start(t)}
-	o := Options{HeartbeatInterval: 20 * time.Millisecond, LeaseTTL: 500 * time.Millisecond}
-	owner := b.group(t, o)
-	follower := New(Options{Redis: b.redis.Client(), HeartbeatInterval: o.HeartbeatInterval, LeaseTTL: o.LeaseTTL})
-	var resumed atomic.Int64
-	heard := make(chan struct{}, 100)
-	follower.hooks.resumed = func() { resumed.Add(1) }
-	follower.hooks.aliveHeard = func() {
-		select {
-		case heard <- struct{}{}:
-		default:
-		}
-	}
-	t.Cleanup(func() { follower.Close(context.Background()) })
-	const n = 100
-	rp := newReply(`{"answer":42}`)
-	keys, readers := ownEach(t, owner, n, func(int) Func { return rp.fn })
-	readers = append(readers, followEach(t, follower, keys, rp.fn)...)
-	// Settled: every follower has read its stream and its subscription was confirmed.
-	waitCond(t, 10*time.Second, "followers parked", func() bool { return resumed.Swap(0) == 0 })
-	for range 10 {
-		select {
-		case <-heard:
-		case <-time.After(5 * time.Second):
-			t.Fatal("no alive message from the owner instance")
-		}
-	}
-	if r := resumed.Load(); r > n/10 {
-		t.Fatalf("%d followers woken by 10 alive messages", r)
-	}
-	rp.release()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for i, r := range readers {
-		if o := readAll(ctx, r); o.err != nil || o.body != rp.body {
-			t.Fatalf("reader %d: %+v", i, o)
-		}
-	}
-	if c := rp.calls.Load(); c != n {
-		t.Fatalf("%d upstream calls for %d keys", c, n)
-	}
-}
-
 // TestFollowerOfUnaryFlightReadsOnce: a follower that joins a flight with nothing streamed
 // yet reads the stream once, when its subscription is confirmed; the answer is pushed.
 func TestFollowerOfUnaryFlightReadsOnce(t *testing.T) {
@@ -120,32 +73,5 @@ func TestFollowerOfUnaryFlightReadsOnce(t *testing.T) {
 	}
 	if n := xr.n.Load(); n != 1 {
 		t.Fatalf("the follower sent %d XREADs; want 1", n)
-	}
-}
-
-// TestAliveHeardBeforeDeadlineDoesNotPutOffLook: a look asked for soon (a re-read after the
-// meta disagreed, or a newer attempt's end to find) waits for alive messages heard after
-// it was asked for, not for one heard before.
-func TestAliveHeardBeforeDeadlineDoesNotPutOffLook(t *testing.T) {
-	g := New(Options{Redis: redistest.Start(t).Client(), LeaseTTL: time.Second})
-	t.Cleanup(func() { g.Close(context.Background()) })
-	ch := g.rem().wake.aliveChannel("owner-instance")
-	w, err := g.rem().wake.watch(ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.close()
-	l := &leader{r: g.rem(), ctx: context.Background(), f: &flight{key: uniqueKey()}, pos: position{token: "1-owner-instance-1"}}
-	fw := &follower{l: l, alive: w}
-	fw.trust()
-	g.rem().wake.heard(ch, nil)
-	fw.since = time.Now()
-	fw.deadline = fw.since.Add(20 * time.Millisecond)
-	if at, byAlive := fw.lookAt(); byAlive || !at.Equal(fw.deadline) {
-		t.Fatalf("look at %v (by alive %v); want the deadline %v", at, byAlive, fw.deadline)
-	}
-	g.rem().wake.heard(ch, nil)
-	if at, byAlive := fw.lookAt(); !byAlive || !at.After(fw.deadline) {
-		t.Fatalf("look at %v (by alive %v); want later than the deadline %v, by alive", at, byAlive, fw.deadline)
 	}
 }

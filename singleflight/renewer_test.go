@@ -277,3 +277,19 @@ func TestFailedRenewalTriedBeforeNextRound(t *testing.T) {
 		t.Fatalf("after the renewals of round %d failed, the next renewal was sent in round %d; want a retry within round %d", failed.round, next.round, failed.round)
 	}
 }
+
+// The heartbeat ends with the hard timeout, even for an owner function that ignores its
+// context: the lease then runs out and a follower takes over.
+func TestHeartbeatStopsAtHardTimeout(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{redis: srv}
+	o := Options{Timeout: 300 * time.Millisecond, LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, MaxAttempts: 2}
+	a, f := b.group(t, o), b.group(t, o)
+	key := uniqueKey()
+	stuckOwner(t, a, key)
+	rp := newReply("second")
+	rp.release()
+	if got := doAll(t, f, key, 1, rp.fn)()[0]; got.body != "second" {
+		t.Fatalf("follower got (%q, %v); want the takeover's answer", got.body, got.err)
+	}
+}

@@ -20,9 +20,11 @@ type appendHook struct {
 }
 
 func (h *appendHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
 func (h *appendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
+
 func (h *appendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
@@ -127,75 +129,4 @@ func TestStreamCapFinalWriteCarriesTheRest(t *testing.T) {
 		t.Fatalf("followers got %q and %q; want %q", "0,"+got1.body, got2.body, want.String())
 	}
 	readAll(ctx, ra)
-}
-
-// A no-cache caller joins an identical call in flight, in memory too.
-func TestNoCacheJoinsCallInFlight(t *testing.T) {
-	for _, b := range backends(t) {
-		t.Run(b.name, func(t *testing.T) {
-			g := b.group(t, Options{ResultTTL: time.Minute})
-			key := uniqueKey()
-			rp := newReply("x")
-			running := make(chan struct{}, 2)
-			fn := started(running, rp.fn)
-			r1, _ := g.Do(key, false, fn)
-			<-running
-			r2, _ := g.Do(key, true, fn)
-			rp.release()
-			ctx := context.Background()
-			if o1, o2 := readAll(ctx, r1), readAll(ctx, r2); o1.body != "x" || o2.body != "x" || rp.calls.Load() != 1 {
-				t.Fatalf("got %q and %q with %d calls; want x twice, 1 call", o1.body, o2.body, rp.calls.Load())
-			}
-		})
-	}
-}
-
-// The heartbeat ends with the hard timeout, even for an owner function that ignores its
-// context: the lease then runs out and a follower takes over.
-func TestHeartbeatStopsAtHardTimeout(t *testing.T) {
-	srv := redistest.Start(t)
-	b := backend{redis: srv}
-	o := Options{Timeout: 300 * time.Millisecond, LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, MaxAttempts: 2}
-	a, f := b.group(t, o), b.group(t, o)
-	key := uniqueKey()
-	stuckOwner(t, a, key)
-	rp := newReply("second")
-	rp.release()
-	if got := doAll(t, f, key, 1, rp.fn)()[0]; got.body != "second" {
-		t.Fatalf("follower got (%q, %v); want the takeover's answer", got.body, got.err)
-	}
-}
-
-// Two local flights of one key (a no-cache caller arriving before the first flight's role
-// is known gets its own) still make one upstream call: their lookups offer different
-// tokens, so only one of them can claim.
-func TestTwoLocalFlightsOneClaim(t *testing.T) {
-	srv := redistest.Start(t)
-	rec := newRecorder()
-	g := backend{redis: srv}.group(t, Options{ResultTTL: time.Minute, Observer: rec})
-	twice := 0
-	defer func() { t.Logf("%d of 20 keys had two local flights", twice) }()
-	for i := range 20 {
-		key := uniqueKey()
-		rp := newReply("one")
-		r1, _ := g.Do(key, false, rp.fn)
-		r2, _ := g.Do(key, true, rp.fn)
-		// Both flights decide their role while the call is held; if they share a local
-		// flight, only one role event comes, and the test goes on after it.
-		rec.waitFor(t, EventRole, 2*i+1, 10*time.Second)
-		g.mu.Lock()
-		two := g.flights[key] != nil && g.flights[key+"\x00nocache"] != nil
-		g.mu.Unlock()
-		if two {
-			twice++
-			rec.waitFor(t, EventRole, 2*i+2, 10*time.Second)
-		} else {
-			rec.Observe(Event{Kind: EventRole}) // keep the count in step
-		}
-		rp.release()
-		ctx := context.Background()
-		if o1, o2 := readAll(ctx, r1), readAll(ctx, r2); o1.body != "one" || o2.body != "one" || rp.calls.Load() != 1 {
-			t.Fatalf("two local flights %v: got %q and %q with %d calls; want one call for both", two, o1.body, o2.body, rp.calls.Load())
-		}
-	}
 }

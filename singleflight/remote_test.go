@@ -49,3 +49,37 @@ func TestOwnerSeqUnusableKeepsDedupe(t *testing.T) {
 		}
 	}
 }
+
+func TestEveryKeyExpires(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	g := b.group(t, Options{ResultTTL: time.Minute, MaxAttempts: 2})
+	rp := newReply("x")
+	rp.release()
+	doAll(t, g, uniqueKey(), 3, rp.fn)()
+	fail := func(ctx context.Context, w *Writer) (Result, error) {
+		return Result{Head: Head{Status: 500}, Outcome: Retry}, nil
+	}
+	doAll(t, g, uniqueKey(), 3, fail)()
+	share := func(ctx context.Context, w *Writer) (Result, error) {
+		w.WriteHead(Head{Status: 200})
+		w.Write([]byte("data: 1\n\n"))
+		return Result{Outcome: Share}, nil
+	}
+	doAll(t, g, uniqueKey(), 3, share)()
+
+	ctx := context.Background()
+	c := srv.Client()
+	keys, err := c.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) < 5 {
+		t.Fatalf("only %d keys written: %v", len(keys), keys)
+	}
+	for _, k := range keys {
+		if ttl := c.PTTL(ctx, k).Val(); ttl <= 0 {
+			t.Errorf("key %s has no TTL (%v)", k, ttl)
+		}
+	}
+}

@@ -16,9 +16,8 @@ import (
 // A Redis that answers PING but refuses every command the proxy sends is a configuration
 // to fix, shown at start-up as degraded, and stays degraded: a read-only replica named as
 // the server, a database index out of range, several addresses (a Cluster client) naming
-// a server that is no Cluster. Before, Check and the probe asked with a PING: the first two
-// cases were never reported (every request an owner, nothing stored, errors at debug
-// level), and the replica made the instance degrade and recover on every request.
+// a server that is no Cluster. Check and the probe ask with a write, as the proxy's scripts
+// do, not with a PING, which such a server answers (see usableScript).
 func TestRedisThatRefusesTheProxyStaysDegraded(t *testing.T) {
 	master := redistest.Start(t)
 	_, port, _ := strings.Cut(master.Addr, ":")
@@ -62,8 +61,7 @@ func TestRedisThatRefusesTheProxyStaysDegraded(t *testing.T) {
 }
 
 // In a Cluster the probe's write goes to one shard, the probe key's: that shard down
-// degrades its own keys, not the whole instance (the first version of the write probe left
-// every key local-only until that one master came back).
+// degrades its own keys, not the whole instance.
 func TestClusterProbeKeyShardDownDegradesOnlyItsShard(t *testing.T) {
 	c := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3, PartialCoverage: true})
 	rdb := c.Client()
@@ -95,4 +93,61 @@ func TestClusterProbeKeyShardDownDegradesOnlyItsShard(t *testing.T) {
 		}
 	}
 	waitCond(t, 5*time.Second, "a key whose master runs is not local-only", func() bool { return !g.rem().degradedFor(key) })
+}
+
+// Redis stopped while a flight runs: the callers on every instance get an answer from a
+// local call, the instances are degraded; once Redis answers again they recover, and the
+// next flight is deduplicated across them again.
+func TestFlightsGoLocalWhileRedisIsDownThenDedupeResumes(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	recA, recB := newRecorder(), newRecorder()
+	o := Options{LeaseTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond}
+	oa, ob := o, o
+	oa.Observer, ob.Observer = recA, recB
+	a, bg := b.group(t, oa), b.group(t, ob)
+	key := uniqueKey()
+	rp := newReply("local")
+	running := make(chan struct{}, 4)
+	fn := started(running, rp.fn)
+	waitA := doAll(t, a, key, 3, fn)
+	<-running
+	waitB := doAll(t, bg, key, 3, fn)
+	recB.waitFor(t, EventRole, 1, 5*time.Second) // B follows
+	srv.Stop()
+	recB.waitFor(t, EventDegraded, 1, 10*time.Second)
+	rp.release()
+	for _, w := range []func() []outcome{waitA, waitB} {
+		for _, o := range w() {
+			if o.err != nil || o.body != "local" {
+				t.Fatalf("with Redis down: got (%q, %v); want local", o.body, o.err)
+			}
+		}
+	}
+	if !bg.Degraded() {
+		t.Fatalf("B not degraded with Redis down")
+	}
+
+	srv.Restart()
+	recA.waitFor(t, EventRecovered, 1, 10*time.Second)
+	recB.waitFor(t, EventRecovered, 1, 10*time.Second)
+	rp2 := newReply("distributed")
+	running2 := make(chan struct{}, 4)
+	fn2 := started(running2, rp2.fn)
+	key2 := uniqueKey()
+	w2a := doAll(t, a, key2, 2, fn2)
+	<-running2
+	w2b := doAll(t, bg, key2, 2, fn2)
+	recB.waitFor(t, EventRole, 2, 5*time.Second)
+	rp2.release()
+	for _, w := range []func() []outcome{w2a, w2b} {
+		for _, o := range w() {
+			if o.body != "distributed" {
+				t.Fatalf("after recovery: got (%q, %v)", o.body, o.err)
+			}
+		}
+	}
+	if rp2.calls.Load() != 1 {
+		t.Fatalf("after recovery %d calls; want 1 (distributed dedupe resumed)", rp2.calls.Load())
+	}
 }

@@ -1,0 +1,86 @@
+package singleflight
+
+import (
+	"context"
+	"crypto/sha1"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// failAll gives every command of a pipeline err, as a pipeline that did not reach Redis
+// gets, and returns it.
+func failAll(cmds []redis.Cmder, err error) error {
+	for _, c := range cmds {
+		c.SetErr(err)
+	}
+	return err
+}
+
+// cmdCounter is a client hook counting the commands that match (every one when match is
+// nil): calls, and the round trips that carry them (a pipeline is one).
+type cmdCounter struct {
+	match    func(redis.Cmder) bool
+	n, calls atomic.Int64 // round trips, commands
+}
+
+func (c *cmdCounter) count(cmds ...redis.Cmder) {
+	k := 0
+	for _, cmd := range cmds {
+		if c.match == nil || c.match(cmd) {
+			k++
+		}
+	}
+	if k > 0 {
+		c.n.Add(1)
+		c.calls.Add(int64(k))
+	}
+}
+
+func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { c.count(cmd); return next(ctx, cmd) }
+}
+
+func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { c.count(cmds...); return next(ctx, cmds) }
+}
+
+// scriptRuns matches the EVALSHAs of script.
+func scriptRuns(script *redis.Script) func(redis.Cmder) bool {
+	return func(cmd redis.Cmder) bool {
+		a := cmd.Args()
+		return len(a) > 1 && a[0] == "evalsha" && a[1] == script.Hash()
+	}
+}
+
+// scriptCalls matches the runs of script, by EVALSHA or (the first, on a Redis that did not
+// have it) EVAL.
+func scriptCalls(script *redis.Script) func(redis.Cmder) bool {
+	bySHA := scriptRuns(script)
+	return func(cmd redis.Cmder) bool {
+		if bySHA(cmd) {
+			return true
+		}
+		a := cmd.Args()
+		if len(a) < 2 || a[0] != "eval" {
+			return false
+		}
+		src, _ := a[1].(string)
+		return fmt.Sprintf("%x", sha1.Sum([]byte(src))) == script.Hash()
+	}
+}
+
+// productClient is a client of srv set up as the proxy sets up its own (see newRedis in
+// cmd/llm-dedupe-proxy): one dial per attempt, two retries.
+func productClient(t *testing.T, srv *redistest.Server) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second,
+		WriteTimeout: time.Second, MaxRetries: 2, DialerRetries: 1})
+	t.Cleanup(func() { c.Close() })
+	return c
+}

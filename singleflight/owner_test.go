@@ -1,0 +1,137 @@
+package singleflight
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+)
+
+func TestPausedOwnerIsFenced(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	o := Options{LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, ResultTTL: time.Minute}
+	for _, mode := range []string{"renew refused", "complete refused"} {
+		t.Run(mode, func(t *testing.T) {
+			recA := newRecorder()
+			oa := o
+			oa.Observer = recA
+			a, bg := b.group(t, oa), b.group(t, o)
+			revive := deadOwner(a)
+			defer revive()
+			key := uniqueKey()
+
+			cause := make(chan error, 1)
+			finishA := make(chan struct{})
+			started := make(chan struct{}, 1)
+			fnA := func(ctx context.Context, w *Writer) (Result, error) {
+				started <- struct{}{}
+				select {
+				case <-ctx.Done():
+					cause <- context.Cause(ctx)
+					return Result{}, context.Cause(ctx)
+				case <-finishA:
+					return Result{Head: Head{Status: 200}, Body: []byte("stale")}, nil
+				}
+			}
+			ra, _ := a.Do(key, false, fnA)
+			defer ra.Close()
+			<-started
+			rpB := newReply("fresh")
+			rpB.release()
+			outs := doAll(t, bg, key, 3, rpB.fn)()
+			for _, o := range outs {
+				if o.body != "fresh" {
+					t.Fatalf("B got %q; want fresh", o.body)
+				}
+			}
+			if mode == "renew refused" {
+				revive()
+				if c := <-cause; !errors.Is(c, ErrLeaseLost) {
+					t.Fatalf("old owner's cause %v; want ErrLeaseLost", c)
+				}
+				recA.waitFor(t, EventLeaseLost, 1, 5*time.Second)
+			} else {
+				close(finishA)
+				recA.waitFor(t, EventFencedWrite, 1, 5*time.Second)
+			}
+			// The stored result is the new owner's.
+			tok, err := srv.Client().HGet(context.Background(), "ai:flight:result:{"+key+"}", "token").Result()
+			if err != nil {
+				t.Fatalf("HGET token: %v", err)
+			}
+			body, _ := srv.Client().HGet(context.Background(), "ai:flight:result:{"+key+"}", "body").Result()
+			if body != "fresh" || !containsInstance(tok, bg.opts.InstanceID) {
+				t.Fatalf("stored (%q, token %q); want (fresh, a token of instance %s)", body, tok, bg.opts.InstanceID)
+			}
+		})
+	}
+}
+
+func containsInstance(token, id string) bool {
+	return strings.Contains(token, "-"+id+"-")
+}
+
+// A complete refused at the end still serves the owner's local readers: they hold a whole
+// answer (doc.go, "Owner suicide"). So does a refused final flush of the bytes still pending
+// as the owner function returned: the Writer's ErrLeaseLost then must not make own()
+// abandon the generation under a local reader that has bytes of it (ErrGenerationChanged,
+// although its upstream call returned the whole answer). Whether a reader is served must
+// not depend on whether the last write was still waiting for its batch.
+//
+// Interleaving: the owner streams "A" (appended at once) and "B" (waiting for the batch
+// delay); its renewals stall; its lease runs out and another instance takes over; the
+// owner function then returns; the final flush of "B" is fenced.
+func TestFencedFinalFlushStillServesLocalReaders(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{redis: srv}
+	o := Options{LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, BatchDelay: 3 * time.Second}
+	a, c := b.group(t, o), b.group(t, o)
+	stall := make(chan struct{})
+	a.hooks.beforeRenew = func(ctx context.Context) {
+		select {
+		case <-stall:
+		case <-ctx.Done():
+		}
+	}
+	defer close(stall)
+	key := uniqueKey()
+	wrote, proceed := make(chan struct{}), make(chan struct{})
+	ra, _ := a.Do(key, false, func(ctx context.Context, w *Writer) (Result, error) {
+		w.WriteHead(Head{Status: 200})
+		_, _ = w.Write([]byte("A"))
+		time.Sleep(100 * time.Millisecond) // "A" is appended alone, at once
+		_, _ = w.Write([]byte("B"))        // waits for the batch
+		close(wrote)
+		<-proceed
+		return Result{Outcome: Share}, nil
+	})
+	<-wrote
+	owner := readStream(context.Background(), ra)
+	<-owner.first
+
+	// Another instance follows, and takes over once a's lease ran out (its reader has
+	// delivered nothing, so it can use a new attempt).
+	took := make(chan struct{})
+	second := newReply("second")
+	defer second.release()
+	rc, _ := c.Do(key, false, started(took, second.fn))
+	defer rc.Close()
+	select {
+	case <-took:
+	case <-time.After(3 * time.Second):
+		t.Fatal("no takeover within 3s")
+	}
+	close(proceed) // the owner function returns its whole answer; the flush of "B" is fenced
+	select {
+	case out := <-owner.done:
+		if out.err != nil || out.body != "AB" {
+			t.Fatalf("owner's reader got (%q, %v); want the whole answer it was streaming, (\"AB\", nil)", out.body, out.err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("owner's reader still waiting after 3s")
+	}
+}

@@ -1,0 +1,356 @@
+package singleflight
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis loses a running flight (a restart without persistence, a failover to a replica that
+// had not received the claim): the owner puts its meta back with its next renewal, while
+// its lease runs, so that a new identical request follows it instead of calling again, and
+// a follower that already streams bytes of it reads on. (The new request cannot read the
+// lost entries: it gets the answer whole, when it is stored.)
+func TestOwnerRestoresLostFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	o := Options{LeaseTTL: 600 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, BatchDelay: time.Millisecond, ResultTTL: time.Minute}
+	a, bg, cg := b.group(t, o), b.group(t, o), b.group(t, o)
+	key := uniqueKey()
+	s := newStreamer(3)
+	fn := s.fn
+	ra, _ := a.Do(key, false, fn)
+	ownerOut := readStream(context.Background(), ra)
+	<-s.first
+	rc, _ := cg.Do(key, false, fn)
+	early := readStream(context.Background(), rc)
+	<-early.first
+
+	ctx := context.Background()
+	rdb := srv.Client()
+	if err := rdb.FlushAll(ctx).Err(); err != nil {
+		t.Fatalf("FLUSHALL: %v", err)
+	}
+	meta := "ai:flight:meta:{" + key + "}"
+	// No event tells a test that a script ran.
+	waitCond(t, 5*time.Second, "the owner puts its lost flight back", func() bool { return rdb.Exists(ctx, meta).Val() == 1 })
+	late := readStream(ctx, func() *Reader { r, _ := bg.Do(key, false, fn); return r }())
+	close(s.hold)
+	for name, sr := range map[string]*streamReader{"owner": ownerOut, "early follower": early, "late follower": late} {
+		if out := <-sr.done; out.err != nil || out.body != s.transcript() {
+			t.Errorf("%s got (%q, %v); want (%q, nil)", name, out.body, out.err, s.transcript())
+		}
+	}
+	if n := s.calls.Load(); n != 1 {
+		t.Fatalf("%d upstream calls; want 1", n)
+	}
+}
+
+// restore.lua puts a lost meta back for an owner whose last lease still runs, on the
+// ground that "within its lease nobody else can have owned and finished the flight".
+// That holds only while a finished flight's meta outlives the rest of that lease: a meta
+// lost to a restart is claimed at once by the next caller (lookup on absent), which may
+// complete before the old owner's next renewal. So a finished meta lives at least a lease,
+// whatever Linger (any linger ≥ 1ms is allowed): the old owner's renewal finds it, and
+// neither restores its stale token nor overwrites the answer the new owner stored.
+func TestStaleOwnerDoesNotRestoreOverFinishedFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{redis: srv}
+	o := Options{LeaseTTL: 3 * time.Second, HeartbeatInterval: time.Second, Linger: 200 * time.Millisecond, ResultTTL: time.Minute}
+	a, c := b.group(t, o), b.group(t, o)
+	key := uniqueKey()
+	running, proceed := make(chan struct{}, 1), make(chan struct{})
+	ra, _ := a.Do(key, false, started(running, func(ctx context.Context, w *Writer) (Result, error) {
+		<-proceed
+		return Result{Head: Head{Status: 200}, Body: []byte("from-a"), Outcome: Store}, nil
+	}))
+	<-running
+	ctx := context.Background()
+	rdb := srv.Client()
+	if err := rdb.FlushAll(ctx).Err(); err != nil { // a restart without persistence
+		t.Fatalf("FLUSHALL: %v", err)
+	}
+	rc, _ := c.Do(key, false, func(ctx context.Context, w *Writer) (Result, error) {
+		return Result{Head: Head{Status: 200}, Body: []byte("from-c"), Outcome: Store}, nil
+	})
+	if got := readWithin(rc, 3*time.Second); got.body != "from-c" || got.role != RoleOwner {
+		t.Fatalf("c got (%q, %v, %v); want to own the lost flight", got.body, got.role, got.err)
+	}
+	meta := "ai:flight:meta:{" + key + "}"
+	time.Sleep(o.Linger + 100*time.Millisecond) // past c's linger; a's lease still runs
+	if rdb.Exists(ctx, meta).Val() == 0 {
+		t.Fatal("c's finished meta is gone while a's lease may still run: a could restore its token over it")
+	}
+	// a's next renewal comes within a heartbeat.
+	time.Sleep(o.HeartbeatInterval + 200*time.Millisecond)
+	close(proceed)
+	if got := readWithin(ra, 3*time.Second); got.err != nil || (got.body != "from-a" && got.body != "from-c") {
+		t.Fatalf("a's own caller got (%q, %v); want a whole answer to its request", got.body, got.err)
+	}
+	if body := rdb.HGet(ctx, "ai:flight:result:{"+key+"}", "body").Val(); body != "from-c" {
+		t.Fatalf("stored answer is %q, written by a's token after c owned and finished the flight; want c's %q", body, "from-c")
+	}
+}
+
+// A Redis that restarts empty after being down longer than an owner's lease: the flight's
+// meta is gone and the owner cannot put it back (its lease ran out: another might have
+// taken the flight over and finished it meanwhile). Its call goes on for the callers in
+// its process, which get its answer, and its final write is refused. A missing meta is not
+// another owner's: the call is not cancelled, and no second call is made.
+func TestOwnerKeepsItsCallWhenRedisLostFlightPastLease(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, stream := range []bool{false, true} {
+		t.Run(map[bool]string{false: "unary", true: "stream"}[stream], func(t *testing.T) {
+			o := Options{LeaseTTL: 600 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond, ResultTTL: time.Minute, BatchDelay: time.Millisecond}
+			rec := newRecorder()
+			o.Observer = rec
+			a := backend{redis: srv}.group(t, o)
+			key := uniqueKey()
+			s := newStreamer(3) // a stream: its last event waits for s.hold
+			gate, want := s.hold, s.transcript()
+			if !stream {
+				want = "call 1"
+			}
+			running := make(chan struct{}, 2)
+			var calls atomic.Int32
+			cancelled := make(chan error, 2)
+			fn := func(ctx context.Context, w *Writer) (res Result, err error) {
+				n := calls.Add(1)
+				running <- struct{}{}
+				// Seen however late: a fenced append cancels the call as its last
+				// batch is flushed, after the function returned.
+				context.AfterFunc(ctx, func() {
+					if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseLost) {
+						cancelled <- cause
+					}
+				})
+				if stream {
+					return s.fn(ctx, w)
+				}
+				select {
+				case <-gate:
+					return Result{Head: Head{Status: 200}, Body: []byte(fmt.Sprintf("call %d", n))}, nil
+				case <-ctx.Done():
+					return Result{}, context.Cause(ctx)
+				}
+			}
+			led := doAsync(t, a, key, CallOptions{Inline: !stream}, fn)
+			<-running
+			local, err := a.Do(key, false, fn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv.Stop()
+			time.Sleep(2 * o.LeaseTTL) // the outage: longer than the lease
+			srv.Restart()
+			// The owner's first renewal to reach the restarted Redis finds the flight gone.
+			rec.waitMatch(t, "a renewal finds the flight gone", func(e Event) bool {
+				return e.Kind == EventHeartbeatFailed && errors.Is(e.Err, ErrFlightGone)
+			}, 5*time.Second)
+			select {
+			case err := <-cancelled:
+				t.Fatalf("the owner's call was cancelled (%v); want it to go on", err)
+			default:
+			}
+			close(gate)
+			roles := map[string]Role{"owner": RoleOwner, "owner's local caller": RoleFollower}
+			for name, r := range map[string]*Reader{"owner": <-led, "owner's local caller": local} {
+				if out := readWithin(r, 5*time.Second); out.err != nil || out.body != want || out.role != roles[name] {
+					t.Errorf("%s got (%q, %v, %v); want (%q, %v)", name, out.body, out.role, out.err, want, roles[name])
+				}
+			}
+			select {
+			case err := <-cancelled:
+				t.Fatalf("the owner's call was cancelled (%v); want it to go on", err)
+			default:
+			}
+			if n := calls.Load(); n != 1 {
+				t.Fatalf("%d upstream calls; want 1", n)
+			}
+			if srv.Client().Exists(context.Background(), "ai:flight:result:{"+key+"}").Val() != 0 {
+				t.Fatal("the owner stored its answer in a flight it no longer held")
+			}
+		})
+	}
+}
+
+// A stream whose last event comes while Redis restarts still reaches its followers on
+// other instances, whole, from the one call: the owner makes its final write again while
+// its lease runs, and the restarted Redis takes it (the flight put back). One failed write
+// does not end the attempt: followers elsewhere get the end of the stream, and the answer
+// is stored.
+func TestStreamEndingDuringARedisRestartReachesFollowers(t *testing.T) {
+	srv := redistest.Start(t)
+	a, other, recA := restartPair(t, srv)
+	key := uniqueKey()
+	s := newStreamer(3) // its last event waits for s.hold
+	ra, err := a.Do(key, false, s.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-s.first
+	rb, err := other.Do(key, false, s.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := rb.Next(context.Background())
+	if err != nil {
+		t.Fatalf("follower's first chunk: %v", err)
+	}
+
+	endDuringRestart(t, srv, recA, func() { close(s.hold) })
+
+	want := s.transcript()
+	if out := readWithin(ra, 10*time.Second); out.err != nil || out.body != want {
+		t.Fatalf("owner got (%q, %v); want the whole stream", out.body, out.err)
+	}
+	if out := readWithin(rb, 10*time.Second); out.err != nil || string(first)+out.body != want {
+		t.Fatalf("follower got (%q, %v) after %q; want the rest of the stream", out.body, out.err, first)
+	}
+	wantStored(t, srv, key, want, s.calls.Load())
+}
+
+// The same for a unary answer: the follower elsewhere gets it, and nobody calls again.
+func TestUnaryEndingDuringARedisRestartReachesFollowers(t *testing.T) {
+	srv := redistest.Start(t)
+	a, other, recA := restartPair(t, srv)
+	rp, led, rb := ownAndFollow(t, a, other)
+
+	endDuringRestart(t, srv, recA, rp.release)
+
+	for name, r := range map[string]*Reader{"owner": <-led, "follower": rb} {
+		if out := readWithin(r, 10*time.Second); out.err != nil || out.body != "call 1" {
+			t.Fatalf("%s got (%q, %v); want call 1", name, out.body, out.err)
+		}
+	}
+	wantStored(t, srv, rp.key, "call 1", rp.calls.Load())
+}
+
+// restartPair is two instances of srv, their clients set up as the proxy's are, with a
+// lease long enough to outlast a restart.
+func restartPair(t *testing.T, srv *redistest.Server) (a, other *Group, recA *recorder) {
+	recA = newRecorder()
+	o := Options{LeaseTTL: 1500 * time.Millisecond, HeartbeatInterval: 300 * time.Millisecond, ResultTTL: time.Minute, BatchDelay: time.Millisecond}
+	oa, ob := o, o
+	oa.Observer = recA
+	oa.Redis, ob.Redis = productClient(t, srv), productClient(t, srv)
+	return backend{}.group(t, oa), backend{}.group(t, ob), recA
+}
+
+// endDuringRestart stops Redis, lets the owner's call end (end), and starts Redis again
+// (empty) once the owner's final write has failed.
+func endDuringRestart(t *testing.T, srv *redistest.Server, recA *recorder, end func()) {
+	t.Helper()
+	srv.Stop()
+	end()
+	recA.waitMatch(t, "the owner's final write fails", func(e Event) bool {
+		return e.Kind == EventRedisError && e.Op == "complete"
+	}, 5*time.Second)
+	srv.Restart()
+}
+
+// wantStored checks that the one call's answer was stored.
+func wantStored(t *testing.T, srv *redistest.Server, key, want string, calls int32) {
+	t.Helper()
+	if calls != 1 {
+		t.Fatalf("%d upstream calls; want 1", calls)
+	}
+	if got := srv.Client().HGet(context.Background(), "ai:flight:result:{"+key+"}", "body").Val(); got != want {
+		t.Fatalf("stored answer %q; want %q", got, want)
+	}
+}
+
+// A Redis that restarts with its data a moment old (an RDB snapshot, an append-only file
+// synced every second) while a stream runs: the flight is there, running under the same
+// token, but its last batch is lost. The owner's final write, made again once Redis
+// answers, must number its done entry after the batches the owner knows landed, not the
+// ones the old meta counts, so that a follower that had not applied the lost batch (held
+// here, as a slow process would be) sees the gap rather than take the done entry for the
+// next batch: it never ends with an answer missing its middle, and no error.
+func TestCompleteAfterARolledBackStreamLeavesNoHole(t *testing.T) {
+	srv := redistest.Start(t)
+	recA := newRecorder()
+	o := Options{LeaseTTL: 1500 * time.Millisecond, HeartbeatInterval: 300 * time.Millisecond, ResultTTL: time.Minute, BatchDelay: time.Millisecond}
+	oa := o
+	appended := &replied{match: scriptCalls(appendScript), ch: make(chan struct{}, 8)}
+	oa.Observer, oa.Redis = recA, productClient(t, srv)
+	oa.Redis.AddHook(appended)
+	a := backend{}.group(t, oa)
+	b := newHeldFollower(t, srv, o)
+
+	key := uniqueKey()
+	step := []chan struct{}{make(chan struct{}), make(chan struct{})}
+	fn := func(ctx context.Context, w *Writer) (Result, error) {
+		w.WriteHead(Head{Status: 200, Header: map[string][]string{"Content-Type": {"text/event-stream"}}})
+		for i := range 3 {
+			if i > 0 {
+				<-step[i-1]
+			}
+			fmt.Fprintf(w, "data: %d\n\n", i)
+		}
+		return Result{Outcome: Store}, nil
+	}
+	ra, err := a.Do(key, false, fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-appended.ch // batch 1 landed, and the owner knows it
+	rb, err := b.g.Do(key, false, fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := rb.Next(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.holding.Store(true) // from now on the follower is held before it applies what comes
+
+	if err := srv.Client().Save(context.Background()).Err(); err != nil { // the snapshot: batch 1
+		t.Fatal(err)
+	}
+	close(step[0])
+	<-appended.ch // batch 2 landed, and the owner knows it
+	srv.Stop()
+	close(step[1])
+	recA.waitMatch(t, "the owner's final write fails", func(e Event) bool {
+		return e.Kind == EventRedisError && e.Op == "complete"
+	}, 5*time.Second)
+	srv.Restart() // loads the snapshot: the flight running, batch 2 lost
+
+	owner := readWithin(ra, 10*time.Second)
+	if owner.err != nil {
+		t.Fatalf("owner: %v", owner.err)
+	}
+	b.release()
+	if out := readWithin(rb, 10*time.Second); out.err == nil && string(first)+out.body != owner.body {
+		t.Fatalf("the follower got %q as a whole answer; the call answered %q", string(first)+out.body, owner.body)
+	}
+}
+
+// replied signals on ch each time a command that match accepts got a reply without error.
+type replied struct {
+	match func(redis.Cmder) bool
+	ch    chan struct{}
+}
+
+func (h *replied) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *replied) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err == nil && h.match(cmd) {
+			h.ch <- struct{}{}
+		}
+		return err
+	}
+}
+
+func (h *replied) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
