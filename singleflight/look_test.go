@@ -1,0 +1,189 @@
+package singleflight
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+)
+
+// A follower's read runs out while the owner is silent mid-stream; the owner
+// completes and stores its answer before the follower looks again. The follower must finish
+// the answer it was streaming (the stored result has its token), not start it over.
+func TestFollowerFinishesWhenStoredDuringReadGap(t *testing.T) {
+	b := backend{name: "redis", redis: redistest.Start(t)}
+	o := Options{ResultTTL: time.Minute, BatchDelay: time.Millisecond}
+	a, fg := b.group(t, o), b.group(t, o)
+	fg.rem().recheckEvery = 50 * time.Millisecond // looks again while the owner is silent
+	key := uniqueKey()
+	s := newStreamer(3)
+	ra, _ := a.Do(key, false, s.fn)
+	ownerOut := readStream(context.Background(), ra)
+	<-s.first
+
+	var follower *streamReader
+	ready := make(chan struct{})
+	fg.hooks.readGap = once(func() {
+		<-ready
+		<-follower.first
+		close(s.hold) // the owner writes its last event and completes
+		if out := <-ownerOut.done; out.err != nil || out.body != s.transcript() {
+			t.Errorf("owner got (%q, %v); want the transcript", out.body, out.err)
+		}
+	})
+	rf, _ := fg.Do(key, false, s.fn)
+	follower = readStream(context.Background(), rf)
+	close(ready)
+	out := <-follower.done
+	if out.err != nil || out.body != s.transcript() || out.role != RoleFollower {
+		t.Fatalf("follower got (%q, %v, %v); want (%q, nil, follower)", out.body, out.err, out.role, s.transcript())
+	}
+}
+
+// The owner completes without storing (dedupe only, or a no-cache caller claims
+// the finished flight), and a new identical request claims the key while a follower is
+// between two reads of the finished answer. The follower must still read to its done.
+func TestFollowerFinishesWhenNewFlightClaimsAfterEnd(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	for _, tc := range []struct {
+		name    string
+		ttl     time.Duration
+		noCache bool
+	}{
+		{"result_ttl 0", 0, false},
+		{"no-cache", time.Minute, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := Options{ResultTTL: tc.ttl, BatchDelay: time.Millisecond}
+			a, fg, cg := b.group(t, o), b.group(t, o), b.group(t, o)
+			key := uniqueKey()
+			s := newStreamer(3)
+			ra, _ := a.Do(key, false, s.fn)
+			ownerOut := readStream(context.Background(), ra)
+			<-s.first
+
+			var second atomic.Int32
+			secondRunning := make(chan struct{})
+			secondGate := make(chan struct{})
+			secondFn := func(ctx context.Context, w *Writer) (Result, error) {
+				second.Add(1)
+				close(secondRunning)
+				select {
+				case <-secondGate:
+				case <-ctx.Done():
+					return Result{}, context.Cause(ctx)
+				}
+				return Result{Head: Head{Status: 200}, Body: []byte("second")}, nil
+			}
+			defer func() {
+				select {
+				case <-secondGate:
+				default:
+					close(secondGate)
+				}
+			}()
+			newReader := make(chan *Reader, 1)
+			var follower *streamReader
+			ready := make(chan struct{})
+			fg.hooks.afterEntries = once(func() {
+				<-ready
+				<-follower.first
+				close(s.hold)
+				if out := <-ownerOut.done; out.err != nil {
+					t.Errorf("owner: %v", out.err)
+				}
+				// The flight is over; an identical request arrives on a third instance.
+				rc, _ := cg.Do(key, tc.noCache, secondFn)
+				newReader <- rc
+				<-secondRunning
+			})
+			rf, _ := fg.Do(key, false, s.fn)
+			follower = readStream(context.Background(), rf)
+			close(ready)
+			out := <-follower.done
+			if out.err != nil || out.body != s.transcript() {
+				t.Fatalf("follower got (%q, %v); want (%q, nil)", out.body, out.err, s.transcript())
+			}
+			close(secondGate)
+			var rc *Reader
+			select {
+			case rc = <-newReader:
+			default:
+				t.Fatal("the new request never ran")
+			}
+			if got := readAll(context.Background(), rc); got.body != "second" || got.role != RoleOwner {
+				t.Fatalf("new request got (%q, %v, %v); want (second, owner)", got.body, got.role, got.err)
+			}
+			if n := second.Load(); n != 1 {
+				t.Fatalf("%d calls for the new request; want 1", n)
+			}
+		})
+	}
+}
+
+// TestAliveHeardBeforeDeadlineDoesNotPutOffLook: a look asked for soon (a re-read after the
+// meta disagreed, or a newer attempt's end to find) waits for alive messages heard after
+// it was asked for, not for one heard before.
+func TestAliveHeardBeforeDeadlineDoesNotPutOffLook(t *testing.T) {
+	g := New(Options{Redis: redistest.Start(t).Client(), LeaseTTL: time.Second})
+	t.Cleanup(func() { g.Close(context.Background()) })
+	ch := g.rem().wake.aliveChannel("owner-instance")
+	w, err := g.rem().wake.watch(ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	l := &leader{r: g.rem(), ctx: context.Background(), f: &flight{key: uniqueKey()}, pos: position{token: "1-owner-instance-1"}}
+	fw := &follower{l: l, alive: w}
+	fw.trust()
+	g.rem().wake.heard(ch, nil)
+	fw.since = time.Now()
+	fw.deadline = fw.since.Add(20 * time.Millisecond)
+	if at, byAlive := fw.lookAt(); byAlive || !at.Equal(fw.deadline) {
+		t.Fatalf("look at %v (by alive %v); want the deadline %v", at, byAlive, fw.deadline)
+	}
+	g.rem().wake.heard(ch, nil)
+	if at, byAlive := fw.lookAt(); !byAlive || !at.After(fw.deadline) {
+		t.Fatalf("look at %v (by alive %v); want later than the deadline %v, by alive", at, byAlive, fw.deadline)
+	}
+}
+
+// A short Redis outage (a restart without persistence) costs no call, however long the
+// follower had been waiting when it came: a follower kept waiting past the lease its lookup
+// gave it by its owner's alive messages goes on counting on them while Redis does not
+// answer, rather than take the flight over at once on the lease of its lookup.
+func TestFollowerWaitsOutARedisRestartLateInItsWait(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{redis: srv}
+	recA, recB := newRecorder(), newRecorder()
+	o := Options{LeaseTTL: 1500 * time.Millisecond, HeartbeatInterval: 300 * time.Millisecond, ResultTTL: time.Minute}
+	oa, ob := o, o
+	oa.Observer, ob.Observer = recA, recB
+	a, other := b.group(t, oa), b.group(t, ob)
+	rp, led, follower := ownAndFollow(t, a, other)
+	// Renewal rounds for more than the lease the follower's lookup gave it: from then on
+	// only the owner's alive messages keep it waiting.
+	from := a.rem().renewer.round.Load()
+	waitCond(t, 10*time.Second, "renewals past the follower's first lease", func() bool {
+		return a.rem().renewer.round.Load() >= from+int64(o.LeaseTTL/o.HeartbeatInterval)+2
+	})
+
+	srv.Stop()
+	recB.waitFor(t, EventDegraded, 1, 5*time.Second) // the follower's instance saw it
+	srv.Restart()
+	recB.waitFor(t, EventRecovered, 1, 10*time.Second)
+	rp.release()
+
+	if out := readWithin(<-led, 10*time.Second); out.err != nil || out.body != "call 1" {
+		t.Fatalf("owner got (%q, %v); want call 1", out.body, out.err)
+	}
+	if out := readWithin(follower, 10*time.Second); out.err != nil || out.body != "call 1" || out.role != RoleFollower {
+		t.Fatalf("follower got (%q, %v, %v); want call 1 as a follower", out.body, out.role, out.err)
+	}
+	if n, tk := rp.calls.Load(), recB.count(EventTakeover); n != 1 || tk != 0 {
+		t.Fatalf("%d upstream calls, %d takeovers by the follower's instance; want 1 and 0", n, tk)
+	}
+}
