@@ -2,10 +2,8 @@ package singleflight
 
 import "time"
 
-// aliveState is what a process heard on one owner instance's alive channel. A message
-// moves until, and nobody is woken: a thousand followers of one live owner cost nothing
-// while it renews. When a lease passes without one, silent wakes every watcher of the
-// channel; so do tokens the owner says it stopped renewing.
+// aliveState is what a process heard on an alive channel: a message moves until and wakes
+// nobody; silent wakes the watchers when a lease passes without one (ADR 0009).
 type aliveState struct {
 	until  time.Time // a lease after the last alive message
 	silent *time.Timer

@@ -26,7 +26,7 @@ type followEnd struct {
 	shutdown bool // followFailed: the owner released the flight at shutdown
 }
 
-// followState is where a follower is in its wait.
+// followState is where a follower is in its wait. See ADR 0052.
 type followState uint8
 
 const (
@@ -39,20 +39,14 @@ const (
 	followHeld                     // parked: a wake-up goes on from here
 )
 
-// follower is a leader following the owner's stream into its flight until the attempt
-// ends. It subscribes to the stream's channel first, then reads the stream from the
-// concrete ID it last read (never "$"), then takes what is pushed (see hub.go): no entry
-// written since the lookup can be missed, and no command is sent while it waits. When
-// nothing came for a lease (the owner silent, and not saying it is alive), the meta is
-// checked again (look.go).
+// follower follows the owner's stream into its flight until the attempt ends: it reads
+// after its last ID, takes what is pushed (ADR 0012), and looks up a silent flight.
 type follower struct {
 	l      *leader
 	start  time.Time
 	stream string
 	w      *watch
-	// The owner instance's alive messages stand for this attempt only while it can still
-	// run: not once the instance said it stopped renewing it, nor past the hard timeout
-	// any attempt has (counted from the last look, which found it running).
+	// The owner instance's alive messages stand for this attempt while trusted (ADR 0009).
 	alive      *watch // the owner's alive channel
 	aliveOf    string
 	deadline   time.Time // when to look again: the lease's end, or sooner to re-read
@@ -80,15 +74,12 @@ func (r *remote) newFollower(l *leader, remaining time.Duration, readNow bool) (
 	fw.since = time.Now()
 	fw.deadline = fw.since.Add(remaining)
 	fw.leaseEnd = fw.deadline
-	// Read the stream at once, as the subscription is made: what is already there is not
-	// kept waiting for the confirmation, which then makes the follower read once more.
-	fw.read = readNow
+	fw.read = readNow // what is there already does not wait for the confirmation
 	fw.trust()
 	return fw, true
 }
 
-// loop follows until the attempt ends, or until it has to wait: then it parks and
-// returns followParked. ev is what woke a parked follower (evNone on the first call).
+// loop follows until the attempt ends or it parks (followParked); ev woke it, or evNone.
 func (fw *follower) loop(ev wakeEvent) followEnd {
 	st := fw.on(ev)
 	for {
@@ -136,8 +127,7 @@ func (fw *follower) end(e followEnd) followState {
 	return followEnded
 }
 
-// wait follows the current owner's alive channel, then waits for what comes next: at once
-// when something is there, else parked until it comes.
+// wait watches the current owner's alive channel, then takes what is there or parks.
 func (fw *follower) wait() followState {
 	r := fw.l.r
 	if inst := tokenInstance(fw.l.pos.token); inst != fw.aliveOf {
@@ -161,9 +151,7 @@ func (fw *follower) wait() followState {
 	if r.recheckEvery > 0 {
 		wait = min(wait, r.recheckEvery)
 	}
-	// While the pub/sub connection is down (in a Cluster it is on one node, which may be
-	// the failing one while this flight's shard is fine), poll the stream: whether the
-	// flight's own shard answers, the reads tell.
+	// With the pub/sub connection down, poll: the reads tell whether the shard answers.
 	fw.polling = r.wake.down.Load() && wait > pollEvery
 	if fw.polling {
 		wait = pollEvery
@@ -176,17 +164,13 @@ func (fw *follower) wait() followState {
 	return fw.on(ev)
 }
 
-// heardAlive acts on the owner's instance falling silent, or naming tokens it stopped
-// renewing; the wait is worked out again after it.
+// heardAlive acts on the owner's instance falling silent or naming tokens gone.
 func (fw *follower) heardAlive() followState {
 	if fw.l.pos.token != fw.trustFor {
 		fw.trust()
 	}
 	if slices.Contains(fw.alive.takeGone(), fw.l.pos.token) {
-		// Its owner no longer renews it: look it up now, and, the first time it says so,
-		// take its lease as over (a flight Redis lost is not put back by that owner). The
-		// token is said again for a lease; a look that found the attempt running since is
-		// waited on for its lease alone.
+		// Look it up now; the first time, take its lease as over (ADRs 0009, 0011).
 		if !fw.trustUntil.IsZero() {
 			fw.leaseEnd = time.Now()
 		}
@@ -196,8 +180,7 @@ func (fw *follower) heardAlive() followState {
 	return followWait
 }
 
-// timedOut acts on the deadline: wait on while the owner said it is alive since, else
-// look the flight up (or, polling, read the stream).
+// timedOut waits on while the owner says it is alive, else looks (or, polling, reads).
 func (fw *follower) timedOut() followState {
 	r := fw.l.r
 	if at, _ := fw.lookAt(); !fw.polling && time.Until(at) > 0 && r.recheckEvery == 0 {
@@ -214,8 +197,7 @@ func (fw *follower) timedOut() followState {
 	return followLook
 }
 
-// take applies what was pushed, and what the stream holds first when the connection asked
-// for a read (a subscription confirmed, a reconnect) or the follower did.
+// take applies what the stream holds, when a read is asked for, then what was pushed.
 func (fw *follower) take() followState {
 	l := fw.l
 	r, g, f, pos := l.r, l.r.g, l.f, &l.pos
@@ -234,8 +216,7 @@ func (fw *follower) take() followState {
 		}
 	}
 	got := false
-	// What the stream holds first, then what was pushed (entries pushed meanwhile that the
-	// read already had are skipped by their IDs).
+	// Entries pushed that the read already had are skipped by their IDs.
 	for i, e := range append(stored, pushed...) {
 		if !afterID(e.id, pos.last) {
 			continue
@@ -253,7 +234,6 @@ func (fw *follower) take() followState {
 		if g.hooks.afterEntries != nil {
 			g.hooks.afterEntries()
 		}
-		// The owner is alive and writing.
 		fw.since = time.Now()
 		fw.leaseEnd = fw.since.Add(g.opts.LeaseTTL)
 		fw.deadline, fw.looks = fw.leaseEnd, 0

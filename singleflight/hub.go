@@ -9,30 +9,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Followers are woken by push. Every script that adds an entry to a flight's stream also
-// publishes it on the channel named like the stream (wake.lua), and each process holds one
-// pub/sub connection on which its followers' channels are subscribed. So a process waits
-// for ten thousand flights over one connection, and sends no command while it waits.
-//
-// No lost wake-up: a follower subscribes and reads the stream from its position, and
-// reads it again when Redis confirms the subscription; every later entry reaches it as a
-// message. Redis confirms every subscription again after go-redis reconnects the
-// connection, and every confirmation makes the followers of that channel read the stream
-// again, so messages lost with a connection are read from the stream. Owners also publish,
-// once per heartbeat, that they are alive (aliveChannel): the process records when it last
-// heard each owner instance (aliveState), its followers wait as long as that keeps coming,
-// and are woken to look their flights up only when a lease passed without it.
-//
-// The same connection carries the channels a Group listens to for as long as it lives
-// (listen), such as purges: one pub/sub connection per process in all.
-
-// wakeHub is a process's pub/sub connection and the followers waiting on it.
+// wakeHub is a process's one pub/sub connection, for its followers and its listeners.
+// Every confirmation of a subscription makes its watchers read the stream. See ADR 0012.
 type wakeHub struct {
 	r *remote
 
 	mu         sync.Mutex
 	ps         *redis.PubSub
-	watches    map[string]map[*watch]struct{} // channel → its watchers (a set: ten thousand followers may share an alive channel)
+	watches    map[string]map[*watch]struct{} // channel → its watchers (a set: many followers share an alive channel)
 	listeners  map[string]listener            // channels subscribed for the Group's life
 	subscribed map[string]bool                // channels the sender has subscribed (and not left)
 	dirty      map[string]bool                // channels whose watchers changed since the sender looked
@@ -44,11 +28,7 @@ type wakeHub struct {
 	alive      map[string]*aliveState
 }
 
-// keepIdleChannels is how long a channel stays subscribed after its last watcher left.
-// Leaving is housekeeping: when ten thousand flights end at once, their ten thousand
-// unsubscriptions (and Redis's ten thousand confirmations) would be sent and read while the
-// answers are being delivered; a moment later they are not in anyone's way. A channel
-// watched again meanwhile (the same prompt again) is still subscribed.
+// keepIdleChannels is how long a channel stays subscribed without watchers (ADR 0014).
 const keepIdleChannels = 5 * time.Second
 
 type idleChannel struct {
@@ -56,9 +36,7 @@ type idleChannel struct {
 	since   time.Time
 }
 
-// listener is what a channel subscribed for the Group's life does with what comes: each
-// message, and each confirmation of its subscription (the first, and one after every
-// reconnect, when messages may have been lost). Both run on the receiving goroutine.
+// listener handles a channel subscribed for the Group's life, on the receiving goroutine.
 type listener struct {
 	message   func(payload string)
 	confirmed func()
@@ -83,7 +61,6 @@ func (h *wakeHub) listen(channel string, l listener) error {
 	return nil
 }
 
-// listenerOf returns channel's listener, if it has one.
 func (h *wakeHub) listenerOf(channel string) (listener, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -98,9 +75,8 @@ func (h *wakeHub) kick() {
 	}
 }
 
-// start opens the pub/sub connection and its reader, once; h.mu held. It is called by New
-// (listen) or by a flight's leader goroutine, which the Group's WaitGroup counts, so adding
-// to it is safe.
+// start opens the connection once; h.mu held. Its callers are counted by the Group's
+// WaitGroup, or are New: adding to it is safe.
 func (h *wakeHub) start() error {
 	if h.ps != nil {
 		return nil
@@ -117,10 +93,8 @@ func (h *wakeHub) start() error {
 	return nil
 }
 
-// send subscribes the channels that gained their first watcher and unsubscribes those
-// that have had none for keepIdle, each kind in one command, until the Group closes; then
-// it closes the connection. One goroutine sends them all, so a channel's subscription and
-// unsubscription always reach Redis in the order they were decided.
+// send subscribes and unsubscribes channels, one command each. It alone sends them, so a
+// channel's subscription and unsubscription reach Redis in the order they were decided.
 func (h *wakeHub) send(ps *redis.PubSub) {
 	g := h.r.g
 	defer g.wg.Done()
@@ -169,8 +143,7 @@ func (h *wakeHub) send(ps *redis.PubSub) {
 			idleTimer.Reset(h.idleOrder[0].since.Add(h.keepIdle).Sub(now))
 		}
 		h.mu.Unlock()
-		// Errors need nothing here: go-redis subscribes every channel again when it
-		// reconnects, and the watchers read their streams on the confirmations.
+		// Errors need nothing: go-redis subscribes again when it reconnects.
 		if len(join) > 0 {
 			_ = ps.Subscribe(g.ctx, join...)
 		}
@@ -180,7 +153,6 @@ func (h *wakeHub) send(ps *redis.PubSub) {
 	}
 }
 
-// watched reports whether channel has a watcher.
 func (h *wakeHub) watched(channel string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -193,8 +165,7 @@ func (h *wakeHub) on(channel string) bool {
 	return listened || len(h.watches[channel]) > 0
 }
 
-// receive routes what the connection brings: a confirmed subscription makes its watchers
-// read the stream again, a message goes to its channel's watchers.
+// receive routes what the connection brings to the channel's listener or watchers.
 func (h *wakeHub) receive(ps *redis.PubSub) {
 	g := h.r.g
 	defer g.wg.Done()
@@ -206,12 +177,10 @@ func (h *wakeHub) receive(ps *redis.PubSub) {
 		}
 		if err != nil {
 			g.observe(Event{Kind: EventRedisError, Op: "subscribe", Err: err})
-			// Messages may be lost: every follower reads its stream (one whose Redis is
-			// down finds out at once, and goes local-only).
+			// Messages may be lost: every follower reads its stream.
 			h.down.Store(true)
 			h.all(func(w *watch) { w.mu.Lock(); w.resync = true; w.mu.Unlock() })
-			// go-redis reconnects and subscribes again on the next Receive; wait a little
-			// so that a Redis that is down does not make this a busy loop.
+			// go-redis reconnects on the next Receive; back off, not a busy loop.
 			if !sleep(g.ctx, backoff) {
 				return
 			}

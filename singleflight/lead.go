@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// leadState is where a leader is in its way through Redis.
+// leadState is where a leader is in its way through Redis. See ADR 0052.
 type leadState uint8
 
 const (
@@ -21,7 +21,7 @@ const (
 	leadDetached                  // the lead goes on on another goroutine, which ends the flight
 )
 
-// followSite is why a leader follows: the end of the follow means something different.
+// followSite is why a leader follows, which says what the follow's end means.
 type followSite uint8
 
 const (
@@ -29,10 +29,8 @@ const (
 	followNewer                   // a newer attempt that finished, read from the stream
 )
 
-// leader is one local flight's way through Redis. Its state lives here rather than on a
-// goroutine's stack: while it follows an owner and nothing happens, it holds no goroutine
-// at all (see park), so ten thousand flights followed from one process cost their state,
-// not ten thousand stacks.
+// leader is one local flight's way through Redis. Its state lives here, not on a stack,
+// so that a parked follower holds no goroutine (ADR 0015).
 type leader struct {
 	r   *remote
 	ctx context.Context
@@ -45,7 +43,7 @@ type leader struct {
 	reason   takeover // why we contend
 	role     Role     // the role reported for the flight
 
-	fresh     bool // this flight has not yet seen an attempt of its key (claim.lua restarts its count)
+	fresh     bool // no attempt of its key seen yet (claim.lua may restart the count)
 	contended bool // the jitter before a takeover was waited
 	caughtUp  bool // the stream was read for a finished newer attempt
 
@@ -53,8 +51,7 @@ type leader struct {
 	site followSite // what the lead does when it ends
 }
 
-// lead runs one local flight against Redis. It reports false when the lead goes on on
-// another goroutine (a parked follow, or an Inline flight's retry), which ends the flight.
+// lead runs one local flight against Redis; false when another goroutine ends it.
 func (r *remote) lead(ctx context.Context, f *flight) bool {
 	l := &leader{r: r, ctx: ctx, f: f, fresh: true}
 	return l.run(leadLookup)
@@ -96,8 +93,7 @@ func (l *leader) decide(ro Role) {
 	}
 }
 
-// lookup asks Redis what the flight is. A flight that has followed nothing yet offers a
-// token: if the key is free, the lookup claims it in the same round trip.
+// lookup asks Redis what the flight is, offering a token to claim a free key (ADR 0002).
 func (l *leader) lookup() leadState {
 	r, f := l.r, l.f
 	if l.ctx.Err() != nil {
@@ -129,10 +125,8 @@ func (l *leader) lookup() leadState {
 	return leadClaim
 }
 
-// claim takes over a flight nobody runs. A wait for an attempt that was followed by one
-// that already finished reads that one from the stream first; a claim of someone else's
-// failed or expired attempt waits the jitter first, so that of all contenders the first
-// to wake wins and the rest follow.
+// claim takes over a flight nobody runs: after reading the stream for a newer attempt that
+// finished (ADR 0006), and after the jitter for a failed or expired one (ADR 0003).
 func (l *leader) claim() leadState {
 	r, g, f, seen := l.r, l.r.g, l.f, l.d
 	if seen.seen == seenDone && l.pos.last != "" && !l.caughtUp {
@@ -179,9 +173,7 @@ func (l *leader) contend() leadState {
 	return leadLookup
 }
 
-// retry contends after our own failed attempt. A flight led on its caller's goroutine
-// (CallOptions.Inline) does so on a goroutine of its own: the caller's answer is its own
-// call's, and the retries are for the callers waiting with it.
+// retry contends after our own failed attempt; Inline, on another goroutine (ADR 0025).
 func (l *leader) retry() leadState {
 	if !l.f.call.Inline {
 		return leadContend
@@ -222,8 +214,7 @@ func (l *leader) own() leadState {
 	return leadRetry
 }
 
-// local owns the flight in this process alone: Redis failed, or the flight's shard is
-// degraded.
+// local owns the flight in this process alone: Redis failed, or its shard is degraded.
 func (l *leader) local() leadState {
 	g, f := l.r.g, l.f
 	if l.ctx.Err() != nil {
@@ -231,13 +222,9 @@ func (l *leader) local() leadState {
 	}
 	begun := f.begun()
 	if begun && !f.canUseNewGen() {
-		// Every caller here has bytes of an answer that can no longer reach them: a call
-		// of our own would be read by nobody.
-		return leadEnded
+		return leadEnded // a call nobody could use (ADR 0026)
 	}
-	if begun || l.reason != takeoverNone {
-		// A flight that had an owner (followed or its own) is taken over; a new one just
-		// runs here.
+	if begun || l.reason != takeoverNone { // a flight that had an owner is taken over
 		g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: takeoverDegraded.String()})
 	}
 	l.decide(RoleOwner)
@@ -247,16 +234,13 @@ func (l *leader) local() leadState {
 	return leadDetached
 }
 
-// follow follows the owner the last answer named.
 func (l *leader) follow() leadState {
 	d := l.d
 	l.decide(RoleFollower)
 	if d.token != l.pos.token {
 		l.pos.switchTo(l.f, d)
 	}
-	// Nothing after the generation's first entry yet (a unary answer, or a stream before
-	// its first batch): the read Redis's confirmation of the subscription brings is the
-	// only one needed.
+	// Nothing after the gen entry yet: the read on confirmation is the only one needed.
 	empty := d.batches == 0 && l.pos.last == d.gen
 	return l.startFollow(followOwner, d.remaining, !empty)
 }
@@ -272,8 +256,7 @@ func (l *leader) startFollow(site followSite, remaining time.Duration, readNow b
 	return l.followed(fw.loop(evNone))
 }
 
-// resume goes on with a parked follow on the goroutine ev started, and ends the flight
-// when the lead is over.
+// resume goes on with a parked follow, and ends the flight when the lead is over.
 func (l *leader) resume(ev wakeEvent) {
 	if l.run(l.followed(l.fw.loop(ev))) {
 		l.r.g.endLead(l.ctx, l.f)
@@ -297,8 +280,7 @@ func (l *leader) followed(end followEnd) leadState {
 		return leadLookup // the newer attempt was not in the stream: look again
 	}
 	switch end.kind {
-	case followLost:
-		// Take the stored answer if there is one, else call again.
+	case followLost: // take the stored answer, or call again (ADR 0004)
 		l.fresh, l.contended, l.caughtUp = false, true, true
 		return leadLookup
 	case followFailed:
@@ -307,8 +289,7 @@ func (l *leader) followed(end followEnd) leadState {
 			l.reason = takeoverFailed
 			l.failures++
 			if l.pos.attempt >= g.opts.MaxAttempts || l.failures >= g.opts.MaxAttempts {
-				// The attempts are used up: by the flight's count in Redis or, when new
-				// callers keep restarting that count, by what this flight itself saw.
+				// Used up, by Redis's count or this flight's own (ADR 0026).
 				g.deliverLastError(f, l.last)
 				return leadEnded
 			}

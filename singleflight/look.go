@@ -5,11 +5,8 @@ import (
 	"time"
 )
 
-// A follower looks its flight up again when nothing came for a lease and its owner's
-// instance did not say it is alive, or when a read failed. The stream is the truth about
-// its own attempt; the meta says what runs now.
-
-// lookResult is what a look learnt.
+// lookResult is what a follower's look learnt. The stream is the truth about its own
+// attempt; the meta says what runs now (ADR 0006).
 type lookResult uint8
 
 const (
@@ -18,16 +15,15 @@ const (
 	lookEnd                     // the follow is over
 )
 
+// trust believes the current owner's alive messages for Timeout plus a lease (ADR 0009).
 func (fw *follower) trust() {
 	o := fw.l.r.g.opts
 	fw.trustFor, fw.trustUntil = fw.l.pos.token, time.Now().Add(o.Timeout+o.LeaseTTL)
 }
 
 // lookAt is when the follower looks its flight up unless something comes: its deadline,
-// or later while its owner's instance keeps saying it is alive (and is trusted to), as far
-// as it said so after the deadline was set: a look asked for soon is not put off by what
-// was heard before. byAlive says the alive messages set it: then no timer is needed for
-// it, as the hub wakes the follower when they stop.
+// or later while its trusted owner says it is alive, heard since the deadline was set.
+// byAlive says the alive messages set it: the hub wakes the follower when they stop.
 func (fw *follower) lookAt() (at time.Time, byAlive bool) {
 	at = fw.deadline
 	r := fw.l.r
@@ -35,15 +31,11 @@ func (fw *follower) lookAt() (at time.Time, byAlive bool) {
 		fw.trust() // a new owner: trusted anew
 	}
 	if fw.alive == nil || fw.trustUntil.IsZero() || r.sharded() && r.degradedFor(fw.l.f.key) {
-		// In a Cluster the alive messages are the owner instance's: they go on while the
-		// flight's own shard is down, and then say nothing of this flight (see sharded).
-		return at, false
+		return at, false // a Cluster's alive messages say nothing of a down shard (ADR 0023)
 	}
 	until := r.wake.aliveUntil(fw.alive.channel)
 	if !until.After(time.Now()) || !until.Add(-r.g.opts.LeaseTTL).After(fw.since) {
-		// Silent for a lease: the hub has woken its watchers, and will not again until a
-		// message comes. Only the deadline counts.
-		return at, false
+		return at, false // silent for a lease: only the deadline counts
 	}
 	ext := until
 	if fw.trustUntil.Before(ext) {
@@ -55,9 +47,7 @@ func (fw *follower) lookAt() (at time.Time, byAlive bool) {
 	return at, false
 }
 
-// lookUp looks the flight up. A look that found another attempt trusts its owner anew;
-// one that found this attempt still running, after its owner said it stopped renewing it,
-// waits for its lease alone.
+// lookUp looks the flight up; an attempt said gone is waited on for its lease alone.
 func (fw *follower) lookUp() followState {
 	known := fw.leaseEnd
 	if at, _ := fw.lookAt(); at.After(fw.leaseEnd) {
@@ -67,10 +57,8 @@ func (fw *follower) lookUp() followState {
 	case lookEnd:
 		return followEnded
 	case lookBlind:
-		// In a Cluster the owner's alive messages, which are its instance's and go on while
-		// this flight's own shard is down, extend neither its lease nor the trust in them.
-		// On one server, those heard before it stopped answering each followed a renewal
-		// of this lease: a restart that ends within it costs no call.
+		// A blind look extends no lease in a Cluster; on one server the alive messages
+		// heard stand (ADR 0023).
 		if fw.l.r.sharded() {
 			fw.leaseEnd = known
 		}
@@ -83,8 +71,7 @@ func (fw *follower) lookUp() followState {
 	return followWait
 }
 
-// recheck asks Redis what runs now, and decides whether to go on following (with the
-// deadline moved or a read asked for) or how the attempt ended (fw.ending).
+// recheck asks Redis what runs now: go on following, or how the attempt ended (fw.ending).
 func (fw *follower) recheck() lookResult {
 	l := fw.l
 	r, f, pos := l.r, l.f, &l.pos
@@ -106,9 +93,7 @@ func (fw *follower) recheck() lookResult {
 		fw.leaseEnd = fw.deadline
 		return lookGoOn
 	case d.verdict == verdictClaim && d.seen == seenAbsent && time.Now().Before(fw.leaseEnd):
-		// Redis lost the flight (a restart without persistence, a failover): its owner
-		// puts it back with its next write while its lease runs (restore.lua).
-		fw.deadline = fw.leaseEnd
+		fw.deadline = fw.leaseEnd // its owner puts it back while its lease runs (ADR 0010)
 		return lookGoOn
 	case d.verdict == verdictHit && d.token == pos.token:
 		r.serveHit(f, d, pos) // our attempt's own answer: readers go on where they are
@@ -118,9 +103,7 @@ func (fw *follower) recheck() lookResult {
 		fw.end(followEnd{kind: followExpired})
 		return lookEnd
 	case fw.looks < 2:
-		// Our attempt ended, or another began. The stream says which, in order: read what
-		// follows our position before believing the meta. An attempt that finished wrote
-		// its end before any later generation's first entry.
+		// The stream before the meta (ADR 0006).
 		fw.looks++
 		fw.read = true
 		fw.deadline = time.Now().Add(20 * time.Millisecond)
@@ -142,9 +125,7 @@ func (fw *follower) recheck() lookResult {
 	return lookEnd
 }
 
-// blind is a look that could not ask Redis. While the owner's lease, as far as we know,
-// runs on, a restart or a failover that ends before it costs no call of our own: look
-// again soon. Past the lease, the flight goes local-only.
+// blind is a look Redis did not answer: look again while the lease runs (ADR 0023).
 func (fw *follower) blind() lookResult {
 	if now := time.Now(); now.Before(fw.leaseEnd) {
 		fw.deadline = now.Add(pollEvery)

@@ -7,14 +7,8 @@ import (
 	"time"
 )
 
-// A follower waiting for its owner parks: rather than block a goroutine in a select, it
-// hooks itself to what can wake it — its stream's watch, its owner's alive watch, a timer
-// for its deadline, its flight's context — and its goroutine returns. The first of them
-// to fire starts a goroutine that unhooks the rest and resumes the leader where it left
-// off (leader.resume). A follower that streams goes through this once per batch pushed; a
-// follower waiting on a long call holds its state, not a stack.
-
-// wakeEvent is what ended a follower's wait.
+// wakeEvent is what ended a parked follower's wait: the first of its hooks to fire
+// resumes the leader on a new goroutine (leader.resume). See ADR 0015.
 type wakeEvent uint8
 
 const (
@@ -25,8 +19,7 @@ const (
 	evTimer            // the deadline (or the poll interval) passed
 )
 
-// ready returns what is there to act on without waiting, or evNone. A wait of zero is a
-// deadline that has passed.
+// ready returns what is there to act on without waiting, or evNone; wait <= 0 has passed.
 func (fw *follower) ready(wait time.Duration) wakeEvent {
 	if fw.l.ctx.Err() != nil {
 		return evCtx

@@ -9,11 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The Go half of a flight stream's wire format. Scripts add entries with xadd (wake.lua);
-// a follower reads them with XREAD or is pushed them over pub/sub, and decodes each once,
-// into an entry, where it arrives.
-
-// entryKind is an entry's "t" field.
+// entryKind is a stream entry's "t" field (xadd in wake.lua). See ADR 0004.
 type entryKind uint8
 
 const (
@@ -26,7 +22,6 @@ const (
 
 var entryKindOf = map[string]entryKind{"gen": entryGen, "chunk": entryChunk, "done": entryDone, "failed": entryFailed}
 
-// entry is one stream entry.
 type entry struct {
 	id       string
 	kind     entryKind
@@ -66,7 +61,6 @@ func (e *entry) set(k, v string) {
 	}
 }
 
-// head is the answer's head the entry carries, if any.
 func (e *entry) head() *Head {
 	if e.status == "" {
 		return nil
@@ -87,8 +81,7 @@ func entryOf(m redis.XMessage) entry {
 	return e
 }
 
-// decodeEntry parses a message of wake.lua: the entry's ID, then its fields, each
-// "<len>:<bytes>". An entry published without its data is not taken as pushed.
+// decodeEntry parses a message of wake.lua; false for one published without its data.
 func decodeEntry(p string) (entry, bool) {
 	next := func() (string, bool) {
 		i := strings.IndexByte(p, ':')
@@ -178,8 +171,7 @@ func (p *position) switchTo(f *flight, d decision) {
 	*p = position{token: d.token, last: d.gen, n: 1, attempt: d.attempt}
 }
 
-// gap reports whether e, pushed, skips a batch of the generation followed: messages were
-// missed, and the stream must be read.
+// gap reports whether e, pushed, skips a batch of the generation followed: read the stream.
 func (p *position) gap(e entry) bool {
 	return e.kind != entryGen && e.token == p.token && !p.lost && e.n != p.n
 }
@@ -198,9 +190,7 @@ func (p *position) apply(f *flight, e entry) (followEnd, bool) {
 		return followEnd{}, false
 	}
 	if e.n != p.n && !p.lost {
-		// Entries are missing (trimmed): this generation cannot be streamed. Wait for its
-		// end, then finish from the stored answer (readers go on where they are) or give
-		// the generation up and call again.
+		// Entries are missing: wait for the end (ADRs 0005, 0006).
 		p.lost = true
 	}
 	p.n = e.n + 1

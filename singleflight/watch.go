@@ -2,7 +2,7 @@ package singleflight
 
 import "sync"
 
-// watch is one follower's subscription to a channel: the messages it has not taken yet.
+// watch is one follower's subscription to a channel.
 type watch struct {
 	hub     *wakeHub
 	channel string
@@ -15,10 +15,8 @@ type watch struct {
 	hook   func()   // a parked follower's wake-up (see park)
 }
 
-// watch subscribes to channel. It does not wait for Redis to confirm: the confirmation
-// (and every one after a reconnect) sets resync and wakes the watch, and the follower
-// reads the stream then, so nothing published before the subscription took effect is
-// missed.
+// watch subscribes to channel without waiting: each confirmation sets resync, so nothing
+// published before the subscription took effect is missed (ADR 0012).
 func (h *wakeHub) watch(channel string) (*watch, error) {
 	w := &watch{hub: h, channel: channel, notify: make(chan struct{}, 1)}
 	h.mu.Lock()
@@ -68,8 +66,7 @@ func (w *watch) setHook(fn func()) {
 	w.mu.Unlock()
 }
 
-// take returns what was pushed since the last take: whether the stream must be read
-// first, and the entries pushed.
+// take returns whether the stream must be read first, and the entries pushed since.
 func (w *watch) take() (resync bool, entries []entry) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -78,7 +75,6 @@ func (w *watch) take() (resync bool, entries []entry) {
 	return resync, entries
 }
 
-// takeGone returns the tokens the owner said it stopped renewing since the last take.
 func (w *watch) takeGone() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -102,7 +98,7 @@ func (w *watch) close() {
 		st.silent.Stop()
 		delete(h.alive, w.channel)
 	}
-	h.dirty[w.channel] = true // unsubscribed by the sender in time; a message meanwhile finds no watcher
+	h.dirty[w.channel] = true // the sender leaves it in time (keepIdleChannels)
 	h.mu.Unlock()
 	h.kick()
 }

@@ -1,15 +1,14 @@
 -- wake: prepended to each script that adds to a flight's stream (lookup, claim, append,
 -- complete, fail, restore). xadd adds an entry and publishes it on the channel named like
 -- the stream, so that followers waiting on it in any process are pushed the entry itself
--- over one pub/sub connection per process, instead of each holding a blocked XREAD. The
--- message is the entry's ID and fields as length-prefixed strings ("<len>:<bytes>"), binary
--- safe; an entry whose data is larger than 2048 bytes is published without it, marked
--- x=1, and followers read it from the stream. The stream stays the truth: a follower that
--- missed messages (subscribing, reconnecting) reads it from where it is.
+-- over one pub/sub connection per process (ADR 0012). The message is the entry's ID and
+-- fields as length-prefixed strings ("<len>:<bytes>"), binary safe; an entry whose data
+-- is larger than 2048 bytes is published without it, marked x=1, and followers read it
+-- from the stream. The stream stays the truth: a follower that missed messages
+-- (subscribing, reconnecting) reads it from where it is.
 --
--- int writes an integer (a time, a count) as Redis is given it. A Lua number passed to
--- redis.call or joined to a string is written through printf's floating point ("%.17g",
--- "%.14g"); string.format's %d costs Redis half as much, and a script writes a dozen.
+-- int writes an integer (a time, a count) with %d: a Lua number passed to redis.call or
+-- joined to a string is written through printf's floating point. See ADR 0019.
 local function int(x)
   return string.format('%d', x)
 end
