@@ -7,12 +7,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// batcher sends the scripts that many flights run at the same moment in shared pipelines:
-// group commit. A call that finds fewer than maxPipelines pipelines out sends at once,
-// alone if nothing else waits, so a lone request pays nothing for it; calls that come
-// while pipelines are out go in the next one. Under a herd (ten thousand answers completed
-// at once, or many clients' lookups) that is one round trip, and one write and one read
-// system call, per batch rather than per call. go-redis splits a Cluster pipeline by node.
+// batcher sends the scripts many flights run at once in shared pipelines; a lone call goes
+// at once. See ADR 0016.
 type batcher struct {
 	r *remote
 
@@ -34,9 +30,7 @@ const (
 	maxBatch     = 256 // calls in one pipeline
 )
 
-// run runs script as script.Run would, in a pipeline shared with calls made meanwhile. The
-// call is bounded by the Group's write timeout rather than a caller's context: once queued,
-// it goes out whatever its caller does (as a final write must).
+// run runs script in a shared pipeline; once queued, it goes out whatever its caller does.
 func (b *batcher) run(script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	c := &batchCall{script: script, keys: keys, args: args, done: make(chan struct{})}
 	b.mu.Lock()
@@ -94,8 +88,7 @@ func (b *batcher) send(batch []*batchCall) {
 	_, _ = pipe.Exec(ctx) // each call's error is its command's
 	for _, c := range batch {
 		if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
-			// A Redis that lost its scripts (a restart, a failover): Run sends the
-			// script itself.
+			// A Redis that lost its scripts: Run sends the script itself.
 			c.cmd = c.script.Run(ctx, rdb, c.keys, c.args...)
 		}
 		close(c.done)

@@ -11,8 +11,7 @@ import (
 // ownership is what an owner needs from its coordinator: the fenced writes of one attempt.
 // Every method answers ErrLeaseLost when the attempt's token is no longer the flight's.
 type ownership interface {
-	// heartbeat keeps the attempt's lease while ctx lasts, until stop is called; a refused
-	// renewal calls cancel with ErrLeaseLost.
+	// heartbeat keeps the lease while ctx lasts, until stop; a refusal cancels the call.
 	heartbeat(ctx context.Context, cancel context.CancelCauseFunc) (stop func())
 	// appendBatch adds batch number n (from 1) of streamed bytes; head rides on the first.
 	appendBatch(ctx context.Context, n int, head *Head, data []byte) error
@@ -22,14 +21,11 @@ type ownership interface {
 	fail(ctx context.Context, res Result, reason string) error
 	// remote says whether there are followers elsewhere to renew and write for.
 	remote() bool
-	// abandon tells followers elsewhere that the attempt ended although its final write
-	// failed: they look the flight up instead of waiting for its lease on the owner's word.
+	// abandon tells followers elsewhere that the attempt ended without a final write.
 	abandon()
 }
 
-// final is what complete writes: the head, the bytes followers have not surely been sent
-// (tail: a batch whose append may or may not have landed, landedN and skip as in
-// Writer.tail, then unsent bytes and the body), and the whole answer for storing.
+// final is what complete writes; tail, landedN and skip are as in Writer.tail.
 type final struct {
 	head       Head
 	tail       []byte
@@ -61,16 +57,13 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	f.startGen(RoleOwner, true)
 
 	w := &Writer{g: g, f: f, o: o, ctx: fctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
-	// The heartbeat lives under the hard timeout (a stuck owner function cannot keep the
-	// lease), and on until the final write, so a slow final write does not let the lease
-	// run out under it.
+	// Under the hard timeout, and on until the final write (ADRs 0007, 0008).
 	stopHeartbeat := o.heartbeat(tctx, cancel)
 	defer stopHeartbeat()
 
 	res, err := callOwner(tctx, f.fn, w)
-	// An answer the function returned before anything ended its context is whole: its
-	// local readers get it even if the final flush or write is fenced (another owner's
-	// answer is then the stored one), as they do when only complete is refused.
+	// An answer returned before anything ended its context is whole: its local readers get
+	// it even if the final flush or write is fenced (ADR 0027).
 	whole := err == nil && res.Outcome != Retry && context.Cause(tctx) == nil
 	w.closeAndFlush()
 	w.flusher.Wait()
@@ -87,7 +80,7 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	if res.Head.Status == 0 && w.head != nil {
 		res.Head = *w.head
 	}
-	// The write below must happen even when the flight context ended (timeout, shutdown).
+	// The final write is made even when the flight context ended.
 	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout(g))
 	defer wcancel()
 	if err == nil && cause != nil {
@@ -107,25 +100,20 @@ func (g *Group) completeAttempt(wctx context.Context, f *flight, o ownership, w 
 	fin := final{head: res.Head, store: store, ttl: ttl}
 	fin.tail, fin.landedN, fin.skip = w.tail()
 	fin.tail = append(fin.tail, res.Body...)
-	if store { // the whole answer is put together only to be stored
+	if store {
 		fin.transcript = w.transcript(res.Body)
 		g.keepFor(f.key, fin.head, fin.transcript, 0, ttl) // kept here even if Redis is down
 	}
-	// The flight ends for its local readers once the final write is done, not before:
-	// a request sent after an answer arrived must never find that flight running.
+	// The flight ends here only once the final write is done (ADR 0020).
 	sent := time.Now()
 	cerr := o.complete(wctx, fin)
 	if g.hooks.completed != nil {
 		g.hooks.completed()
 	}
 	stopHeartbeat()
-	// Refused (another owner took over, and its result is the stored one, or Redis
-	// lost the flight), our local readers still get the whole answer they hold
-	// rather than a second call.
+	// Refused, the write still leaves the local readers their whole answer (ADR 0027).
 	g.writeEnded(o, f.key, "complete", cerr)
-	// A caller that joined once the write was on its way may have been sent by a
-	// client answered elsewhere: it is not given the answer (answered.go). So may one
-	// that joined while an unanswered write was made again: it may have landed.
+	// Fenced unless refused: a write whose reply was lost may have landed (ADR 0021).
 	if o.remote() && !errors.Is(cerr, ErrLeaseLost) && !errors.Is(cerr, ErrFlightGone) {
 		f.fenceAt(sent)
 	}
@@ -159,11 +147,7 @@ func (g *Group) failAttempt(wctx context.Context, f *flight, o ownership, res Re
 	return err
 }
 
-// writeEnded acts on how an owner's write op ended, err being the final write's error or
-// an append's refusal. A refused write (another owner holds the flight: ErrLeaseLost, or
-// Redis lost it: ErrFlightGone) is an event. After any other failure of a final write, or
-// when Redis lost the flight, it may look running with nobody renewing it: the alive
-// messages say its token gone.
+// writeEnded acts on a final write's error or an append's refusal (ADRs 0009, 0011).
 func (g *Group) writeEnded(o ownership, key, op string, err error) {
 	if err == nil {
 		return

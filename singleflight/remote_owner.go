@@ -10,13 +10,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// errStreamFull says the flight's stream holds StreamMaxLen entries: the owner stops
-// appending, and its final write carries the rest.
+// errStreamFull: the stream holds StreamMaxLen entries; the final write carries the rest.
 var errStreamFull = errors.New("singleflight: stream full")
 
-// remoteOwnership is one owned attempt in Redis: every write is fenced by token. Each
-// write also carries what restore.lua needs to put the flight's meta back if Redis lost it
-// while this owner's lease runs: the lease_until Redis last gave it, and the batches sent.
+// remoteOwnership is one owned attempt in Redis: every write is fenced by token, and
+// carries what restore.lua needs (ADR 0010).
 type remoteOwnership struct {
 	r       *remote
 	key     string
@@ -25,18 +23,15 @@ type remoteOwnership struct {
 	attempt int
 	until   atomic.Int64 // lease_until, Redis time in ms; 0: unknown
 	n       atomic.Int64 // batches appended
-	// leaseFrom: when the request that last gave this attempt its lease (the claim, a
-	// renewal) was sent, as mono; the lease runs at least LeaseTTL from then.
+	// leaseFrom: when the command that last gave the lease, LeaseTTL long, was sent (mono).
 	leaseFrom atomic.Int64
-	// finalPending: the final write (complete or fail) is being made (see renewer).
+	// finalPending: the final write is being made (ADR 0008).
 	finalPending atomic.Bool
 }
 
-// monoStart anchors mono.
 var monoStart = time.Now()
 
-// mono is t on this process's monotonic clock, in ns: for lease arithmetic that a step of
-// the wall clock must not move.
+// mono is t on this process's monotonic clock, in ns, for lease arithmetic.
 func mono(t time.Time) int64 { return int64(t.Sub(monoStart)) }
 
 func newRemoteOwnership(r *remote, key string, d decision) *remoteOwnership {
@@ -77,7 +72,6 @@ func (o *remoteOwnership) fenced(op string, v int64, err error) error {
 	return nil
 }
 
-// heartbeat has the Group's renewer renew this attempt's lease until stop is called.
 func (o *remoteOwnership) heartbeat(ctx context.Context, cancel context.CancelCauseFunc) (stop func()) {
 	return o.r.renewer.add(ctx, o, cancel)
 }
@@ -86,7 +80,6 @@ func (o *remoteOwnership) renewArgs() []any {
 	return o.args(o.token, o.r.g.opts.LeaseTTL.Milliseconds(), o.r.runningTTL())
 }
 
-// renewCmd queues this attempt's renewal on a pipeline.
 func (o *remoteOwnership) renewCmd(ctx context.Context, p redis.Pipeliner) *redis.Cmd {
 	return renewScript.EvalSha(ctx, p, []string{o.k.meta, o.k.stream}, o.renewArgs()...)
 }
@@ -96,8 +89,7 @@ func (o *remoteOwnership) renewRun(ctx context.Context) *redis.Cmd {
 	return renewScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream}, o.renewArgs()...)
 }
 
-// renewed takes the answer of a renewal sent at sent (mono): the new lease_until, or
-// ErrLeaseLost.
+// renewed takes the answer of a renewal sent at sent (mono).
 func (o *remoteOwnership) renewed(sent int64, v int64, err error) error {
 	if err == nil && v > 0 {
 		o.until.Store(v)
@@ -144,18 +136,14 @@ func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) e
 	})
 }
 
-// final makes a final write, and makes it again while Redis does not answer and this
-// attempt's lease runs (both scripts are safe twice). Within the lease no other owner can
-// have taken the flight, and its followers elsewhere wait for it: a restart or a failover
-// that ends in that time loses nothing (the write puts back a flight Redis lost, see
-// restore.lua), where giving up at the first failure would cut every follower's stream
-// short and store nothing.
+// final makes a final write, again every pollEvery while Redis does not answer and this
+// attempt's lease runs. See ADR 0024.
 func (o *remoteOwnership) final(ctx context.Context, op string, write func() (int64, error)) error {
 	for {
 		v, err := write()
 		ferr := o.fenced(op, v, err)
 		if err == nil || !unavailable(err) || ctx.Err() != nil || o.r.g.ctx.Err() != nil {
-			return ferr // (a Group closing does not wait for Redis: see Close)
+			return ferr // a closing Group does not wait for Redis
 		}
 		from := o.leaseFrom.Load()
 		left := time.Duration(from + int64(o.r.g.opts.LeaseTTL) - mono(time.Now()))

@@ -11,35 +11,16 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// renewer renews the leases of every flight this process owns, all at once every
-// HeartbeatInterval: one pipeline (go-redis splits it per Cluster node), then one message on
-// the instance's alive channel, which lets followers everywhere wait without looking their
-// flights up. Ten thousand owned flights cost one goroutine and one round trip per
-// interval, not ten thousand of each.
-//
-// A renewal belongs to its attempt: it is registered when the owner function starts and
-// removed at the attempt's final write; it is skipped once the attempt's hard timeout ran
-// out, so a stuck owner function can never be kept alive by it.
-//
-// An attempt whose final write is being made is not renewed at the round's start: it is
-// renewed later, when an interval of its lease is left (at most an interval on), and only
-// if the write has not returned by then. When ten thousand flights end at once, their final
-// writes wait in the batcher for most of a second, and a round in that window would
-// otherwise queue ten thousand renewals, for flights about to end, in the Redis thread the
-// writes are waiting on. An interval of lease is what a renewal has left when the one
-// before it failed: the wait never takes a lease lower than that. A lease whose last renewal
-// failed, or a round running late, renews at once.
+// renewer renews every lease this process owns each HeartbeatInterval, then publishes the
+// alive message (ADR 0007); late, a lease whose final write is pending or failed (ADR 0008).
 type renewer struct {
 	r *remote
 
-	round atomic.Int64 // renewal rounds begun (tests name them)
+	round atomic.Int64 // renewal rounds begun
 
 	mu    sync.Mutex
 	owned map[*renewal]struct{}
-	// gone: tokens no longer renewed without a final write, each said in the alive
-	// messages until its time: for a lease's worth of rounds, so that a follower whose
-	// subscription was being made again (the same Redis trouble that ended the attempt)
-	// still hears it.
+	// gone: tokens stopped without a final write, said until their time (ADR 0011).
 	gone    map[string]time.Time
 	started bool
 }
@@ -57,13 +38,10 @@ type renewal struct {
 	ctx    context.Context         // the attempt under its hard timeout
 	cancel context.CancelCauseFunc // owner suicide: ErrLeaseLost
 	said   bool                    // its end of renewals was said on the alive channel
-	// later: a renewLater goroutine will renew it (rounds leave it to that one); rn.mu.
-	later bool
+	later  bool                    // a renewLater goroutine renews it, not the rounds; rn.mu
 }
 
-// notRenewedSince reports whether rl, still within its hard timeout, got no lease from a
-// renewal sent at or after t (mono): its renewal failed (a fenced one has its context
-// ended).
+// notRenewedSince reports whether rl, within its hard timeout, got no lease since t (mono).
 func (rl *renewal) notRenewedSince(t int64) bool {
 	return rl.ctx.Err() == nil && rl.o.leaseFrom.Load() < t
 }
@@ -72,9 +50,7 @@ func newRenewer(r *remote) *renewer {
 	return &renewer{r: r, owned: map[*renewal]struct{}{}, gone: map[string]time.Time{}}
 }
 
-// abandon says, with the next alive message, that token is no longer renewed although its
-// flight may look running (its final write failed): its followers stop trusting alive
-// messages for it and look it up.
+// abandon has the alive messages say token gone: its final write failed (ADR 0009).
 func (rn *renewer) abandon(token string) {
 	rn.mu.Lock()
 	rn.sayGone(token)
@@ -87,8 +63,7 @@ func (rn *renewer) add(ctx context.Context, o *remoteOwnership, cancel context.C
 	rn.mu.Lock()
 	rn.owned[rl] = struct{}{}
 	if !rn.started {
-		// The first owner starts the loop; the leader goroutine calling add is counted by
-		// the Group's WaitGroup, so adding to it is safe.
+		// The caller is counted by the Group's WaitGroup: adding to it is safe.
 		rn.started = true
 		rn.r.g.wg.Add(1)
 		go rn.loop()
@@ -116,25 +91,19 @@ func (rn *renewer) loop() {
 		rn.round.Add(1)
 		batch, later, by, gone := rn.due(begun)
 		if len(later) > 0 {
-			// Before this round's own renewals, which may be slow, go out.
-			rn.renewLater(later, by)
+			rn.renewLater(later, by) // before this round's renewals, which may be slow
 		}
 		if len(batch) > 0 || gone != "" || len(later) > 0 {
-			// The alive message goes every round, with the first pipeline or alone.
-			rn.send(batch, true, gone)
+			rn.send(batch, true, gone) // the alive message goes every round
 		}
-		// Renewals that failed (Redis did not answer) are tried again a quarter and a half
-		// interval on, not at the next round only: after an outage, the first renewal to
-		// reach Redis would otherwise come up to an interval late, when the lease may
-		// have run out by Redis's clock and another instance taken the flight over.
+		// Failed renewals are tried a quarter and a half interval on (ADR 0008).
 		if failed := rn.notRenewed(batch, mono(begun)); len(failed) > 0 {
 			rn.renewLater(failed, time.Now().Add(g.opts.HeartbeatInterval/4))
 		}
 	}
 }
 
-// notRenewed returns the attempts of batch, renewed in a round begun at begun (mono), that
-// are still registered and were not renewed, marked for a renewLater goroutine.
+// notRenewed marks for renewLater the attempts of batch not renewed since begun (mono).
 func (rn *renewer) notRenewed(batch []*renewal, begun int64) []*renewal {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
@@ -148,10 +117,8 @@ func (rn *renewer) notRenewed(batch []*renewal, begun int64) []*renewal {
 	return out
 }
 
-// renewLater renews, at by, the attempts of later still registered then (those whose final
-// write has not returned), on a goroutine of its own so that the rounds keep their ticks. A
-// renewal that fails is tried once more a quarter of an interval on: the wait used up the
-// time a failed renewal would otherwise have had until the next round.
+// renewLater renews later's attempts still registered at by, on a goroutine of its own so
+// that the rounds keep their ticks; a failure is tried again a quarter interval on.
 func (rn *renewer) renewLater(later []*renewal, by time.Time) {
 	g := rn.r.g
 	g.wg.Add(1) // the loop's own count keeps the WaitGroup above zero meanwhile
@@ -193,9 +160,7 @@ func (rn *renewer) renewLater(later []*renewal, by time.Time) {
 	}()
 }
 
-// due sorts the attempts registered for a round begun at now: those to renew now, and
-// those whose final write is being made, to renew at by if it has not returned then (see
-// renewer); gone are the tokens to say on the alive channel.
+// due sorts a round's attempts: to renew now, or at by; and the tokens to say gone.
 func (rn *renewer) due(now time.Time) (batch, later []*renewal, by time.Time, gone string) {
 	opts := rn.r.g.opts
 	by = now.Add(opts.HeartbeatInterval)
@@ -209,9 +174,7 @@ func (rn *renewer) due(now time.Time) (batch, later []*renewal, by time.Time, go
 		if rn.expired(rl) {
 			continue
 		}
-		// A renewal may wait until an interval of its lease is left, as it has when the
-		// renewal before it failed; by then, or an interval on, a herd's final writes have
-		// landed.
+		// Renewed late, when an interval of its lease is left (ADR 0008).
 		if from := rl.o.leaseFrom.Load(); rl.o.finalPending.Load() && from != 0 {
 			if d := monoStart.Add(time.Duration(from) + opts.LeaseTTL - opts.HeartbeatInterval); d.Sub(now) >= opts.HeartbeatInterval/4 {
 				rl.later = true
@@ -235,8 +198,7 @@ func (rn *renewer) due(now time.Time) (batch, later []*renewal, by time.Time, go
 	return batch, later, by, strings.Join(say, " ")
 }
 
-// stillOwned returns the attempts of rls still registered (their final write has not
-// returned) and within their hard timeout.
+// stillOwned returns the attempts of rls still registered and within their hard timeout.
 func (rn *renewer) stillOwned(rls []*renewal) []*renewal {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
@@ -249,9 +211,7 @@ func (rn *renewer) stillOwned(rls []*renewal) []*renewal {
 	return out
 }
 
-// expired reports whether rl is past its hard timeout, and puts its token in rn.gone the
-// first time: such an attempt is not renewed, and its followers must not take the
-// instance's alive messages for it. rn.mu held.
+// expired reports whether rl is past its hard timeout, and says its token gone; rn.mu held.
 func (rn *renewer) expired(rl *renewal) bool {
 	if rl.ctx.Err() == nil {
 		return false
@@ -263,8 +223,7 @@ func (rn *renewer) expired(rl *renewal) bool {
 	return true
 }
 
-// send renews batch, with the alive message saying gone when alive is set (with nothing to
-// renew, the alive message alone).
+// send renews batch, with the alive message saying gone when alive is set.
 func (rn *renewer) send(batch []*renewal, alive bool, gone string) {
 	g := rn.r.g
 	if len(batch) == 0 {
@@ -274,9 +233,7 @@ func (rn *renewer) send(batch []*renewal, alive bool, gone string) {
 	if g.hooks.beforeRenew != nil {
 		g.hooks.beforeRenew(g.ctx)
 	}
-	// In pipelines of renewChunk, renewChunks at a time: a slow reply delays (or fails) a
-	// few hundred renewals, not every lease this process holds, and ten thousand leases are
-	// renewed in a few round trips' time, not forty.
+	// renewChunks pipelines at a time: a slow reply delays a few, not all (ADR 0007).
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, renewChunks)
 	for len(batch) > 0 {
@@ -294,15 +251,12 @@ func (rn *renewer) send(batch []*renewal, alive bool, gone string) {
 	wg.Wait()
 }
 
-// renewChunk is the most renewals sent in one pipeline, and renewChunks the most
-// pipelines in flight at once.
+// renewChunk is the most renewals in one pipeline; renewChunks, pipelines in flight.
 const (
 	renewChunk  = 256
 	renewChunks = 4
 )
 
-// pipeline sends the renewals of batch in one pipeline, and with alive the alive message
-// saying the tokens gone.
 func (rn *renewer) pipeline(ctx context.Context, batch []*renewal, alive bool, gone string) []*redis.Cmd {
 	r := rn.r
 	cmds := make([]*redis.Cmd, len(batch))
@@ -318,7 +272,7 @@ func (rn *renewer) pipeline(ctx context.Context, batch []*renewal, alive bool, g
 	return cmds
 }
 
-// renew sends one batch of renewals, and with alive the alive message.
+// renew sends batch's renewals in one pipeline, then with alive the alive message.
 func (rn *renewer) renew(batch []*renewal, alive bool, gone string) {
 	r := rn.r
 	g := r.g
@@ -326,8 +280,7 @@ func (rn *renewer) renew(batch []*renewal, alive bool, gone string) {
 	defer cancel()
 	sent := mono(time.Now())
 	cmds := rn.pipeline(ctx, batch, alive, gone)
-	// A Redis that lost its scripts (a restart, a failover) answers NOSCRIPT to every
-	// EVALSHA: load the script once, then send those renewals again.
+	// A Redis that lost its scripts answers NOSCRIPT: load the script once, send again.
 	var again []int
 	for i := range batch {
 		if redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
@@ -344,8 +297,7 @@ func (rn *renewer) renew(batch []*renewal, alive bool, gone string) {
 				cmds[again[j]] = c
 			}
 		} else {
-			// The load failed somewhere (in a Cluster it goes to every node): each
-			// renewal on its own, which sends the script itself where it is missing.
+			// The load failed on some node: each renewal alone sends the script.
 			for _, i := range again {
 				cmds[i] = batch[i].o.renewRun(ctx)
 			}
@@ -358,8 +310,7 @@ func (rn *renewer) renew(batch []*renewal, alive bool, gone string) {
 		case errors.Is(err, ErrLeaseLost):
 			rl.cancel(ErrLeaseLost)
 		case errors.Is(err, ErrFlightGone):
-			// No lease left to renew: the call goes on for this process's callers, and
-			// its followers elsewhere stop taking the alive messages for it.
+			// The call goes on for this process's callers alone (ADR 0011).
 			rn.mu.Lock()
 			delete(rn.owned, rl)
 			rn.sayGone(rl.o.token)

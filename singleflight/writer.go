@@ -7,9 +7,8 @@ import (
 	"time"
 )
 
-// Writer is an owner's output: what it writes reaches local readers at once and remote
-// followers in batches (Options.BatchDelay, Options.BatchBytes), fenced by the owner's
-// token. It is safe for use by one goroutine at a time.
+// Writer is an owner's output: local readers get it at once, remote followers in fenced
+// batches. It is safe for use by one goroutine at a time.
 type Writer struct {
 	g      *Group
 	f      *flight
@@ -29,8 +28,7 @@ type Writer struct {
 	closed   bool
 	wake     chan struct{}
 	done     chan struct{}
-	// flusher runs flushLoop, started by the first Write of a remote owner: a unary
-	// answer, written whole at the end, needs no goroutine of its own.
+	// flusher runs flushLoop from a remote owner's first Write: a unary answer needs none.
 	flusher   sync.WaitGroup
 	flushOnce sync.Once
 }
@@ -46,7 +44,7 @@ func (w *Writer) WriteHead(h Head) {
 }
 
 // Write appends p (copied) to the response. It fails with ErrLeaseLost once another owner
-// has taken over: the caller should stop, its flight context is cancelled too.
+// has taken over, and the flight context is cancelled.
 func (w *Writer) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
@@ -79,7 +77,6 @@ func (w *Writer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// transcript is everything written plus the final body.
 func (w *Writer) transcript(body []byte) []byte {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -97,10 +94,8 @@ func (w *Writer) transcript(body []byte) []byte {
 	return append(t, body...)
 }
 
-// flushLoop sends pending bytes as batches until the Writer is closed, then once more.
-// A write after a quiet spell goes out at once (the first token is not delayed); writes
-// that follow within BatchDelay of a flush are collected into the next batch, unless it
-// already holds BatchBytes.
+// flushLoop sends pending bytes as batches until the Writer is closed, then once more: at
+// once after a quiet spell, else BatchDelay after the last flush (ADR 0017).
 func (w *Writer) flushLoop() {
 	var last time.Time
 	for {
@@ -131,18 +126,15 @@ func (w *Writer) pendingLen() int {
 	return len(w.pending)
 }
 
-// batch is one append: its number, the head if it carries it, and its bytes. A batch whose
-// append failed is retried exactly as it was, before anything newer: an append that landed
-// but whose reply was lost is then recognised by its number, and no byte is skipped or sent
-// twice.
+// batch is one append: its number, the head if it carries it, and its bytes. A failed
+// batch is retried as it was, before anything newer (ADR 0004).
 type batch struct {
 	n    int
 	head *Head
 	data []byte
 }
 
-// flush appends the failed batch, if any, then the pending bytes as the next one; false
-// when the Writer must stop.
+// flush appends the failed batch, then the pending bytes; false when the Writer must stop.
 func (w *Writer) flush() bool {
 	for {
 		w.mu.Lock()
@@ -177,8 +169,7 @@ func (w *Writer) flush() bool {
 			w.mu.Unlock()
 			continue
 		case errors.Is(err, errStreamFull), errors.Is(err, ErrFlightGone):
-			// Keep everything from here on for the final write (which, for a flight
-			// Redis lost, is refused: the callers in this process get the whole answer).
+			// The rest goes with the final write (ADRs 0005, 0011).
 			w.full = true
 			w.pending = append(b.data, w.pending...)
 			w.inflight = nil
@@ -199,10 +190,8 @@ func (w *Writer) flush() bool {
 	}
 }
 
-// tail returns what followers have not been sent for sure, for the final write: the failed
-// batch (which may have landed after all), then the pending bytes. landedN is the failed
-// batch's number and skip its length: if the flight's batch count already reached landedN,
-// the first skip bytes are in the stream and are not sent again.
+// tail returns the failed batch, which may have landed, then the pending bytes. If the
+// flight's batch count reached landedN, its first skip bytes are not sent again.
 func (w *Writer) tail() (data []byte, landedN, skip int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
