@@ -14,8 +14,7 @@ import (
 // FlightInfo describes one flight in progress, for operators.
 type FlightInfo struct {
 	Key string
-	// State is running, failed (an attempt failed; a waiter is about to take over) or
-	// expired (the owner's lease ran out and nobody has taken over yet).
+	// State is running, failed (a waiter is to take over) or expired (lease run out).
 	State     string
 	Owner     string        // instance id of the owner of the current attempt
 	Attempt   int           // the current attempt, from 1
@@ -25,16 +24,14 @@ type FlightInfo struct {
 	Model     string
 }
 
-// flightsScanBatch is the COUNT of one SCAN; flightsMaxScans bounds the SCAN calls of one
-// listing per Redis server, so that a listing is bounded whatever the keyspace holds.
+// flightsScanBatch is one SCAN's COUNT; flightsMaxScans bounds them per server (ADR 0050).
 const (
 	flightsScanBatch = 500
 	flightsMaxScans  = 200
 )
 
-// Flights lists up to limit flights in progress, oldest first: with Redis, those of every
-// instance, read with a bounded SCAN of the meta keys; in memory, this process's. more
-// says that the listing stopped before it had seen every flight.
+// Flights lists up to limit flights in progress, oldest first: with Redis, every
+// instance's; in memory, this process's. more says the listing stopped before the end.
 func (g *Group) Flights(ctx context.Context, limit int) (list []FlightInfo, more bool, err error) {
 	if limit <= 0 {
 		limit = 1000
@@ -65,8 +62,7 @@ func (g *Group) localFlights(limit int) ([]FlightInfo, bool) {
 	return out, false
 }
 
-// flights scans every Redis server that holds flights: each master of a Cluster, or the
-// one server.
+// flights scans each master of a Cluster, or the one server.
 func (r *remote) flights(ctx context.Context, limit int) ([]FlightInfo, bool, error) {
 	var (
 		mu   sync.Mutex
@@ -93,8 +89,7 @@ func (r *remote) flights(ctx context.Context, limit int) ([]FlightInfo, bool, er
 	return out, more, err
 }
 
-// scanFlights reads the flights in progress on one server: SCAN for meta keys, then their
-// fields and the server's time in one pipeline.
+// scanFlights SCANs one server for meta keys, then reads them with its TIME in a pipeline.
 func (r *remote) scanFlights(ctx context.Context, c redis.Cmdable, limit int) ([]FlightInfo, bool, error) {
 	prefix := r.g.opts.KeyPrefix + ":meta:{"
 	match := globEscape(prefix) + "*"

@@ -9,7 +9,6 @@ type storedResult struct {
 	ttl  time.Duration // kept until at+ttl
 }
 
-// cached returns key's stored result if it has not expired.
 func (g *Group) cached(key string) (storedResult, bool) {
 	g.cacheMu.Lock()
 	defer g.cacheMu.Unlock()
@@ -24,13 +23,11 @@ func (g *Group) cached(key string) (storedResult, bool) {
 	return sr, true
 }
 
-// keep stores a result in this process, made age ago.
 func (g *Group) keep(key string, head Head, body []byte, age time.Duration) {
 	g.keepFor(key, head, body, age, g.opts.ResultTTL)
 }
 
-// cachedWithin is cached for a caller that accepts a result no older than maxAge (if
-// positive).
+// cachedWithin is cached for a caller that accepts no result older than a positive maxAge.
 func (g *Group) cachedWithin(key string, maxAge time.Duration) (storedResult, bool) {
 	sr, ok := g.cached(key)
 	if ok && maxAge > 0 && time.Since(sr.at) > maxAge {
@@ -39,10 +36,7 @@ func (g *Group) cachedWithin(key string, maxAge time.Duration) (storedResult, bo
 	return sr, ok
 }
 
-// keepFor stores a result in this process, made age ago, until it is ttl old, and returns
-// its head as kept (annotated). A ttl of zero means Options.ResultTTL. A key purged a
-// moment ago is not kept: the result may be the answer of a lookup that ran before the
-// purge.
+// keepFor keeps a result made age ago until it is ttl old, unless just purged (ADR 0046).
 func (g *Group) keepFor(key string, head Head, body []byte, age, ttl time.Duration) Head {
 	if ttl == 0 {
 		ttl = g.opts.ResultTTL
@@ -59,7 +53,6 @@ func (g *Group) keepFor(key string, head Head, body []byte, age, ttl time.Durati
 	return head
 }
 
-// resultTTL is how long res is stored, if its outcome is Store.
 func (g *Group) resultTTL(res Result) time.Duration {
 	if res.TTL > 0 {
 		return res.TTL

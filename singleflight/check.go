@@ -6,12 +6,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Check asks Redis whether it can be used, so that a configuration Redis refuses (a wrong
-// password, a TLS certificate not trusted, a database index out of range, a Cluster's
-// address list naming a server that is no Cluster, a read-only replica) shows at start-up
-// and not at the first request: a failure that makes Redis unusable degrades the Group, as
-// any command's would, and is reported with EventDegraded. An in-memory Group has nothing
-// to check.
+// Check asks Redis whether it can be used, so that a configuration Redis refuses shows at
+// start-up: a failure that makes Redis unusable degrades the Group, as any command's would.
+// An in-memory Group has nothing to check. See ADR 0043.
 func (g *Group) Check(ctx context.Context) error { return g.coord.check(ctx) }
 
 func (r *remote) check(ctx context.Context) error {
@@ -28,10 +25,7 @@ func (r *remote) check(ctx context.Context) error {
 		}
 		return nil
 	}
-	// In a Cluster the probe key lives on one shard: a PING (any master) says whether the
-	// Cluster answers at all, the write whether that shard takes the scripts; a failing
-	// write degrades its shard alone (the whole Redis where the layout is unknown, as when
-	// the server is no Cluster).
+	// A PING: does the Cluster answer; the write: does the probe key's shard take scripts.
 	if err := r.rdb.Ping(ctx).Err(); err != nil {
 		return fail("", err) // a Cluster that refuses a PING refuses every shard
 	}
@@ -41,15 +35,12 @@ func (r *remote) check(ctx context.Context) error {
 	return nil
 }
 
-// usableScript writes and publishes, as the proxy's scripts do: a PING is answered by a
-// server that refuses every one of them (a read-only replica), or an ACL user that may not
-// publish on the proxy's channels, so the probe of a degraded Redis would find it well at
-// once, and the next script degrade it again.
+// usableScript writes and publishes as the proxy's scripts do: a PING is answered by servers
+// that refuse them. See ADR 0022.
 var usableScript = redis.NewScript(`redis.call('PUBLISH', KEYS[1], '')
 return redis.call('PEXPIRE', KEYS[1], 1)`)
 
-// usable runs usableScript on c, on a key of the Group's own (the ACL the proxy needs
-// covers it); a key that does not exist is left so.
+// usable runs usableScript on a key the proxy's ACL covers; an absent key is left so.
 func (r *remote) usable(ctx context.Context, c redis.Scripter) error {
 	return usableScript.Run(ctx, c, []string{r.probeKey()}).Err()
 }

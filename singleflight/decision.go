@@ -72,8 +72,7 @@ func takeoverOf(s seen) takeover {
 	return takeoverNone
 }
 
-// decision is the answer of lookup.lua or claim.lua, decoded once where it is read; each
-// field says which verdicts set it.
+// decision is the answer of lookup.lua or claim.lua, decoded once. See ADR 0052.
 type decision struct {
 	verdict   verdict
 	token     string // follow: the owner's; claim: the one seen; hit: the one that stored it; owner: ours

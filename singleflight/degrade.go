@@ -8,24 +8,16 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// When Redis fails, the Group fails open: flights whose Redis cannot be used run in this
-// process alone, and a probe watches until it answers again. In a Cluster the unit is the
-// shard (the master that holds a key's slot), not the whole Redis: a failing-over shard
-// sends only its own keys local, and flights on the healthy shards keep their distributed
-// dedupe. Standalone and Sentinel have one shard, named "".
+// When Redis fails, the Group fails open per shard: a Cluster master, or "" for all of a
+// standalone or Sentinel Redis. See ADR 0022.
 
-// sharded reports whether flights live on several servers (a Cluster). On one server the
-// alive messages travel with the renewals, in the same pipeline on the same connection:
-// one heard says that every lease its instance held was just renewed, and none comes
-// while that server is down.
+// sharded reports whether flights live on several servers, a Cluster (ADR 0023).
 func (r *remote) sharded() bool {
 	_, ok := r.rdb.(*redis.ClusterClient)
 	return ok
 }
 
-// shard names the Redis server that holds key's flight: the address of its slot's master
-// in a Cluster, "" for standalone and Sentinel, where one server holds everything, or when
-// the Cluster's layout is not known.
+// shard names the master of key's slot in a Cluster, "" on one server or if not known.
 func (r *remote) shard(key string) string {
 	c, ok := r.rdb.(*redis.ClusterClient)
 	if !ok {
@@ -40,10 +32,8 @@ func (r *remote) shard(key string) string {
 	return m.Options().Addr
 }
 
-// reloadLayout asks the Cluster client to reload the slot layout soon (once, however
-// often it is asked). go-redis reloads it on MOVED and every minute, but a dead master
-// sends no MOVED: without this, its keys would go to the dead address for a minute after
-// its replica was promoted.
+// reloadLayout asks the Cluster client to reload the slot layout soon: a dead master sends
+// no MOVED, and its keys would go to it for a minute after its replica was promoted.
 func (r *remote) reloadLayout() {
 	if c, ok := r.rdb.(*redis.ClusterClient); ok {
 		c.ReloadState(r.g.ctx)
@@ -61,9 +51,8 @@ func (r *remote) degradedFor(key string) bool {
 	return r.down[""] || r.down[s]
 }
 
-// degrade marks shard unusable until a probe finds it answering. Group.degraded says
-// whether any shard is down; it, down and probing change together under one lock, so that
-// a failure reported while a probe is ending always leaves a probe running.
+// degrade marks shard unusable until a probe finds it answering. Group.degraded, down and
+// probing change under one lock: a failure while a probe ends leaves one running.
 func (r *remote) degrade(shard string, cause error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -128,11 +117,8 @@ func (r *remote) probe() {
 	}
 }
 
-// answering asks Redis which shards answer now. The whole Redis ("") answers when it takes
-// a write (see usable); a Cluster, when any of its masters answers a PING (a server that is
-// no Cluster has none). In a Cluster, a shard answers when its master answers a PING, or
-// when it is no master any more: its slots moved to a promoted replica, which a reloaded
-// layout names instead.
+// answering asks which shards answer: one server when it takes a write; a Cluster's when
+// its master answers a PING or is no master any more (a replica was promoted).
 func (r *remote) answering() func(shard string) bool {
 	ctx, cancel := context.WithTimeout(r.g.ctx, time.Second)
 	defer cancel()
@@ -143,7 +129,7 @@ func (r *remote) answering() func(shard string) bool {
 	}
 	var mu sync.Mutex
 	masters := map[string]bool{} // address → answers
-	// ForEachMaster reloads the layout first, so that a promoted replica is seen.
+	// ForEachMaster reloads the layout first: a promoted replica is seen.
 	_ = c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
 		err := m.Ping(ctx).Err()
 		mu.Lock()

@@ -68,11 +68,10 @@
 //   - No lost wake-up: a follower reads after a concrete stream ID (never "$") when it
 //     subscribes and on every confirmation, then takes what is pushed (ADR 0012).
 //   - The stream before the meta, and the same answer without a reset (ADR 0006).
-//   - No thundering herd: one contender per process waits the jitter and looks again
-//     (ADR 0003).
+//   - No thundering herd: one contender per process waits the jitter, looks again (ADR 0003).
 //   - Everything expires; a claim trims only entries older than Linger (ADR 0005).
-//   - Not after the answer: a caller that may have joined after the answer landed looks
-//     again (ADRs 0020, 0021).
+//   - Not after the answer: a caller that may have joined once it landed looks again
+//     (ADR 0021).
 //   - No call nobody can use; attempts are bounded by MaxAttempts (ADR 0026).
 //   - Owner code never hangs a follower: a panic is recovered and fails the attempt.
 //
@@ -95,17 +94,15 @@
 // # When Redis fails
 //
 // A Redis error that says the server cannot be used degrades the shard that holds the
-// flight's key (in a Cluster, the master of its slot; otherwise all of Redis): new flights
-// of that shard run local-only, and a probe checks every 250 ms until it is usable again
-// (ADR 0022). A follower waits within its owner's lease before it goes local (ADR 0023).
-// Flights on healthy shards are not touched. Observer reports EventShardDown and
-// EventShardUp per shard, EventDegraded and EventRecovered for the first down and the last
-// back.
+// key (a Cluster master, or all of Redis): its new flights run local-only until a probe
+// finds it usable (ADR 0022); its followers wait within their owner's lease (ADR 0023).
+// Observer reports EventShardDown and EventShardUp per shard, EventDegraded and
+// EventRecovered for the first down and the last back.
 //
 // # Glossary
 //
 //   - flight: one key's callers in one process, and its broadcast log (flight.go).
-//   - leader: the one caller's lead that talks to the coordinator for a flight.
+//   - leader: the one side of a flight that talks to the coordinator (lead.go).
 //   - owner: the instance whose attempt holds the flight's token and lease, and calls.
 //   - follower: a caller served by another's call; in Redis, a leader reading another
 //     instance's owner's stream.
@@ -129,8 +126,8 @@
 //
 //   - group.go, join.go, flight.go: local flights and their readers; coordinator.go: the
 //     two backends, local.go (memory) and remote.go (Redis).
-//   - lead.go: the leader's state machine; follow.go and look.go: the follower's wait and
-//     its look-ups; stream.go: the wire format of entries; hit.go: a stored answer.
+//   - lead.go: the leader's state machine (ADR 0052); follow.go and look.go: the follower's
+//     wait and its look-ups; stream.go: the wire format of entries; hit.go: a stored answer.
 //   - hub.go (the connection, send and receive), watch.go, alive.go: pub/sub wake-ups;
 //     park.go: waiting without a goroutine.
 //   - owner.go, remote_owner.go, writer.go, renewer.go: owning an attempt.

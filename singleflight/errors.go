@@ -6,12 +6,8 @@ import "errors"
 var (
 	// ErrLeaseLost is the cause of an owner's flight context when another owner took over.
 	ErrLeaseLost = errors.New("singleflight: lease lost")
-	// ErrFlightGone is the error of an owner's renewal (EventHeartbeatFailed) when Redis
-	// lost the flight and the owner's lease ran out before it could put it back (an outage
-	// longer than the lease, then a restart without persistence): nobody holds the flight
-	// in Redis, and the owner cannot tell whether another took it over and finished
-	// meanwhile. Its call goes on for the callers in its process; it stops renewing and
-	// appending, and its final write, fenced, decides.
+	// ErrFlightGone means Redis lost the flight past the owner's lease: its call goes on for
+	// its own process's callers only. See ADR 0011.
 	ErrFlightGone = errors.New("singleflight: Redis lost the flight after its lease ran out")
 	// ErrTimeout is the cause of an owner's flight context when the hard timeout ran out.
 	ErrTimeout = errors.New("singleflight: owner timed out")
@@ -19,8 +15,8 @@ var (
 	ErrShutdown = errors.New("singleflight: shutdown")
 	// ErrFailed means the flight failed on every attempt without a response to share.
 	ErrFailed = errors.New("singleflight: flight failed")
-	// ErrGenerationChanged means the owner changed after this reader had received bytes of
-	// the old owner's response; the rest of that response will never come.
+	// ErrGenerationChanged means the owner changed after this reader had bytes of the old
+	// one's response, whose rest will never come.
 	ErrGenerationChanged = errors.New("singleflight: generation changed")
 	// ErrClosed is returned by a Group that has been closed.
 	ErrClosed = errors.New("singleflight: closed")

@@ -8,13 +8,8 @@ import (
 	"time"
 )
 
-// flight is one key's local flight: a broadcast log that every local reader of the key
-// reads from its own position. Only the flight's leader goroutine writes to it.
-//
-// The log is organised in generations. A generation is one upstream attempt (ours or a
-// remote owner's). When an attempt fails or ownership moves, the log starts a new
-// generation; a reader that has already delivered bytes of the old one gets
-// ErrGenerationChanged, a reader that has delivered nothing moves on to the new one.
+// flight is one key's local flight: a broadcast log, one generation per attempt, that
+// every local reader reads from its own position. Only the flight's leader writes to it.
 type flight struct {
 	key     string
 	lkey    string // its key in Group.flights
@@ -29,9 +24,8 @@ type flight struct {
 	changed    chan struct{} // closed and replaced on every change
 	readers    int           // readers not yet closed
 	leaderOpen bool          // the reader of the caller whose fn this is has not closed
-	// unserved counts the open readers that have delivered nothing yet, and leaderServed
-	// says whether the leader's has: only readers with nothing delivered can still use a
-	// new generation; one that has bytes of an abandoned one can only end with an error.
+	// unserved counts the open readers that have delivered nothing: only they can use a
+	// new generation (ADR 0026).
 	unserved     int
 	leaderServed bool
 	owning       bool // this process runs the current attempt
@@ -42,13 +36,11 @@ type flight struct {
 	chunks       [][]byte
 	ended        bool
 	endErr       error // with ended: the flight ended with this error instead of a response
-	// leaderFail is the failed response of the first attempt run here with the leader's own
-	// function: the leader's reader gets it as is (its own upstream answer), however late
-	// it reads, and others wait for a retry.
+	// leaderFail is the failed response of the leader's own function, which the leader's
+	// reader gets as is (ADR 0025).
 	leaderFail *Result
 	attempts   int // owned attempts run here, for the flights listing
-	// What this flight's lookups read of Redis's clock, and when the answer it ended with
-	// landed: callers that may have joined after that look again (see answered.go).
+	// The fence (answered.go): Redis's clock as the lookups read it, and the landing.
 	clockFirst, clockLast clockRef
 	landed                int64
 	landedAt              time.Time // owned here: when the final write was sent
@@ -64,7 +56,6 @@ func (f *flight) broadcast() {
 	f.changed = make(chan struct{})
 }
 
-// startGen begins a new generation with the given role.
 func (f *flight) startGen(role Role, owning bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -75,8 +66,8 @@ func (f *flight) startGen(role Role, owning bool) {
 	f.broadcast()
 }
 
-// decide records the role the leader decided, before its generation starts, so that a
-// caller joining from then on knows the flight serves no stored answer (see joinable).
+// decide records the leader's role before its generation starts: a caller joining from
+// then on knows the flight serves no stored answer (see joinable).
 func (f *flight) decide(role Role) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -85,7 +76,7 @@ func (f *flight) decide(role Role) {
 	}
 }
 
-// resetGen abandons the current generation (failed attempt, lost lease, new remote owner).
+// resetGen abandons the current generation; a first leaderFail is kept.
 func (f *flight) resetGen(leaderFail *Result) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -117,7 +108,6 @@ func (f *flight) appendChunk(p []byte) {
 	f.broadcast()
 }
 
-// finish ends the flight with the current generation's response: head, then body appended.
 func (f *flight) finish(h Head, body []byte) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -134,16 +124,14 @@ func (f *flight) finish(h Head, body []byte) {
 	f.broadcast()
 }
 
-// finishWith ends the flight with a response of its own generation, whatever the current
-// one held: a stored result, the last error, an answer read in Redis.
+// finishWith ends the flight with a response in a generation of its own.
 func (f *flight) finishWith(h Head, body []byte) {
 	f.resetGen(nil)
 	f.finish(h, body)
 }
 
-// continueWith ends the current generation with its whole answer, of which the log holds
-// a prefix: the rest is appended, and readers go on without a break. It reports false, and
-// changes nothing, when the log's bytes are not a prefix of body.
+// continueWith ends the current generation with body, of which the log holds a prefix;
+// false, and nothing changed, when it does not (ADR 0006).
 func (f *flight) continueWith(h Head, body []byte) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -168,7 +156,6 @@ func (f *flight) continueWith(h Head, body []byte) bool {
 	return true
 }
 
-// finishHit ends the flight with a stored result made age ago.
 func (f *flight) finishHit(h Head, body []byte, age time.Duration) {
 	f.mu.Lock()
 	f.role, f.age = RoleHit, age
@@ -176,7 +163,6 @@ func (f *flight) finishHit(h Head, body []byte, age time.Duration) {
 	f.finishWith(h, body)
 }
 
-// fail ends the flight with an error: every reader still waiting gets it.
 func (f *flight) fail(err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -193,9 +179,8 @@ func (f *flight) hasEnded() bool {
 	return f.ended
 }
 
-// canUseNewGen reports whether a reader is left that a new attempt could serve: one that
-// has delivered nothing yet, and is not the leader's holding its own failed answer (which
-// it gets whatever comes next).
+// canUseNewGen reports whether a reader is left that has delivered nothing and does not
+// hold the leader's own failed answer.
 func (f *flight) canUseNewGen() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -206,17 +191,14 @@ func (f *flight) canUseNewGen() bool {
 	return n > 0
 }
 
-// begun reports whether a generation was started (owned or followed): before that, no
-// reader can have bytes of one, and the callers of a flight just made may not be counted
-// yet.
+// begun reports whether a generation was started: before, callers may not be counted yet.
 func (f *flight) begun() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.gen > 0
 }
 
-// othersWaiting reports whether readers other than the leader's can still be served by a
-// new attempt: after the leader's own attempt failed, only they need one.
+// othersWaiting reports whether readers other than the leader's could use a new attempt.
 func (f *flight) othersWaiting() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -227,7 +209,7 @@ func (f *flight) othersWaiting() bool {
 	return n > 0
 }
 
-// served records, f.mu held, that a reader delivered its first bytes (or its end).
+// served records that a reader delivered its first bytes, or its end; f.mu held.
 func (f *flight) served(leader bool) {
 	f.unserved--
 	if leader {
@@ -235,14 +217,12 @@ func (f *flight) served(leader bool) {
 	}
 }
 
-// Reader reads one caller's outcome of a flight. It is not safe for concurrent use; each
-// caller of Group.Do gets its own.
+// Reader reads one caller's outcome of a flight. It is not safe for concurrent use.
 type Reader struct {
 	g      *Group
 	f      *flight
 	leader bool
-	// What the caller asked for, to join the key anew when the flight's answer landed
-	// before it may have joined; and when it joined (Redis Groups only).
+	// What the caller asked for, and when it joined: for rejoin.
 	fn     Func
 	call   CallOptions
 	joined time.Time
@@ -258,10 +238,9 @@ type Reader struct {
 	closed    bool
 }
 
-// Next returns the next chunk of the outcome, blocking until one is there. After the last
-// chunk it returns io.EOF. Head is valid once Next has returned a chunk or io.EOF.
-// A reader that has delivered bytes of a generation that was then abandoned gets
-// ErrGenerationChanged; a flight that failed for good gives an error wrapping ErrFailed.
+// Next returns the next chunk of the outcome, blocking until one is there, then io.EOF;
+// Head is valid from then. A reader with bytes of an abandoned generation gets
+// ErrGenerationChanged; a flight that failed for good, an error wrapping ErrFailed.
 func (r *Reader) Next(ctx context.Context) ([]byte, error) {
 	if r.closed {
 		return nil, ErrClosed
@@ -324,12 +303,11 @@ func (r *Reader) Next(ctx context.Context) ([]byte, error) {
 	}
 }
 
-// rejoin leaves a flight whose answer landed before this caller may have joined it, and
-// joins the key anew, as a caller arriving now: nothing was delivered yet.
+// rejoin leaves f for a new join of its key: the answer may have landed first (ADR 0021).
 func (r *Reader) rejoin() error {
 	old, leader := r.f, r.leader
 	call := r.call
-	call.Inline = false // the caller is reading: the flight cannot run on its goroutine
+	call.Inline = false // the caller is reading: it cannot lead
 	nr, err := r.g.DoWith(old.key, call, r.fn)
 	r.g.leave(old, leader, false)
 	if err != nil {
@@ -370,8 +348,7 @@ func (r *Reader) nextPrivate() ([]byte, error) {
 // Head returns the status and headers of the outcome being read.
 func (r *Reader) Head() Head { return r.head }
 
-// Role says how this caller was served; before anything was delivered (its wait ended
-// first), the role the flight had decided for it, or RoleUnknown if none was yet.
+// Role says how this caller was served, or was to be: RoleUnknown if not decided yet.
 func (r *Reader) Role() Role {
 	if r.delivered || r.closed {
 		return r.role
@@ -387,9 +364,7 @@ func (r *Reader) Role() Role {
 // Age is how old a stored result was when it was served (role hit).
 func (r *Reader) Age() time.Duration { return r.age }
 
-// Close releases the reader. When the last local reader of a flight that this process
-// does not own leaves, the flight stops following; an owned flight runs to its end,
-// because other instances may be waiting for it.
+// Close releases the reader. A flight whose last reader leaves stops unless owned here.
 func (r *Reader) Close() {
 	if r.closed {
 		return

@@ -48,9 +48,7 @@ func New(opts Options) *Group {
 	opts.setDefaults()
 	ctx, stop := context.WithCancelCause(context.Background())
 	g := &Group{opts: opts, ctx: ctx, stop: stop, flights: map[string]*flight{}, owned: map[*flight]bool{}, ownedIdle: make(chan struct{})}
-	// An LRU bounded in entries and bytes whose entries expire when read (see cached), with
-	// no cleanup goroutine. Without Redis it is the result store; with Redis a first level
-	// in front of it, so that a hit costs no round trip, and hits go on while Redis is down.
+	// The result store without Redis; with Redis a first level in front of it (ADR 0028).
 	g.cache = newStore(opts.MemoryMaxEntries, opts.MemoryMaxBytes)
 	g.coord = memory{g}
 	if opts.Redis != nil {
@@ -66,11 +64,9 @@ func (g *Group) Backend() string { return g.coord.name() }
 // Degraded reports whether a Redis Group is serving local-only because Redis failed.
 func (g *Group) Degraded() bool { return g.degraded.Load() }
 
-// Do joins the flight of key, starting it with fn if this process has none. It does not
-// wait: the caller's Reader blocks in Next. A result stored in this process is served
-// at once, without a flight to join (fn is then never called). With noCache, a stored
-// result is not served (an in-flight one is still joined). The caller must Close the
-// Reader.
+// Do joins the flight of key, starting it with fn if this process has none, or serves a
+// result stored in this process (fn is not called). The caller's Reader blocks in Next, and
+// must be closed. With noCache, no stored result is served; a call in flight is joined.
 func (g *Group) Do(key string, noCache bool, fn Func) (*Reader, error) {
 	return g.DoWith(key, CallOptions{NoCache: noCache}, fn)
 }
@@ -84,8 +80,7 @@ func (g *Group) DoWith(key string, o CallOptions, fn Func) (*Reader, error) {
 	}
 	f, lkey := g.joinableWith(key, o)
 	if f == nil && !o.NoCache {
-		// A stored result is looked up where lead would look it up first, after the
-		// flights in progress: a caller that would have joined one still does.
+		// After the flights in progress: a caller that would have joined one still does.
 		if sr, ok := g.cachedWithin(key, o.MaxAge); ok {
 			g.mu.Unlock()
 			return g.serveStored(key, lkey, o, sr), nil
@@ -124,10 +119,7 @@ func (g *Group) DoWith(key string, o CallOptions, fn Func) (*Reader, error) {
 	return rd, nil
 }
 
-// serveStored answers a caller with a stored result at once: with a flight that has
-// already ended, which no other caller joins, and no goroutine to lead it. It is what
-// lead does with a stored result, events included, without the goroutine, the flight
-// context and the caller's wait for both, which were most of what a hit cost.
+// serveStored is what lead does with a stored result, without a goroutine or a context.
 func (g *Group) serveStored(key, lkey string, o CallOptions, sr storedResult) *Reader {
 	g.observe(Event{Kind: EventFlightStart, Key: key})
 	g.observe(Event{Kind: EventRole, Key: key, Role: RoleHit})
@@ -164,19 +156,16 @@ func (g *Group) leave(f *flight, leader, delivered bool) {
 	}
 }
 
-// forget removes f from the flight map, if it is still there, so that new callers start a
-// new flight; g.mu held.
+// forget removes f from the flight map, so that new callers start anew; g.mu held.
 func (g *Group) forget(f *flight) {
 	if g.flights[f.lkey] == f {
 		delete(g.flights, f.lkey)
 	}
 }
 
-// Close stops the Group. New calls get ErrClosed at once; flights owned here may finish
-// until ctx ends; then the rest are released as FAILED("shutdown"), so that followers
-// elsewhere take over at once instead of waiting for the lease to run out, and local
-// readers still waiting get an error wrapping ErrShutdown. Close returns when every
-// goroutine of the Group has stopped.
+// Close stops the Group and its goroutines. New calls get ErrClosed; owned flights may
+// finish until ctx ends, then are released for takeover (ADR 0026) and their local readers
+// get an error wrapping ErrShutdown.
 func (g *Group) Close(ctx context.Context) error {
 	g.mu.Lock()
 	g.closed = true
@@ -202,7 +191,6 @@ func (g *Group) Close(ctx context.Context) error {
 	return err
 }
 
-// setOwned records whether f's owner function runs here.
 func (g *Group) setOwned(f *flight, on bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

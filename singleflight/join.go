@@ -3,8 +3,7 @@ package singleflight
 import "strconv"
 
 // joinableWith is joinable for a caller with CallOptions; g.mu held. A caller with a
-// MaxAge joins a flight whose role is decided as owner or follower (its answer will be
-// fresh), a no-cache flight, or a flight of callers with the same MaxAge.
+// MaxAge joins an owned or followed flight, a no-cache one, or one of its MaxAge (ADR 0048).
 func (g *Group) joinableWith(key string, o CallOptions) (*flight, string) {
 	if o.MaxAge <= 0 || o.NoCache {
 		return g.joinable(key, o.NoCache)
@@ -28,10 +27,8 @@ func (g *Group) joinableWith(key string, o CallOptions) (*flight, string) {
 	return nil, mk
 }
 
-// joinable returns the local flight a caller of key joins, or nil and the map key under
-// which to start one. A caller joins a flight in progress whatever its leader asked; a
-// no-cache caller does not join one that may serve a stored result (a hit, or one whose
-// role is not decided yet), so it gets a flight of its own; g.mu held.
+// joinable returns the local flight a caller of key joins, or nil and the map key to start
+// one under; g.mu held. No-cache joins no flight that may serve a stored result (ADR 0048).
 func (g *Group) joinable(key string, noCache bool) (*flight, string) {
 	usable := func(f *flight) bool {
 		if f == nil || f.hasEnded() {
@@ -47,8 +44,7 @@ func (g *Group) joinable(key string, noCache bool) (*flight, string) {
 	if f := g.flights[key]; usable(f) {
 		return f, key
 	}
-	// The no-cache map key is made on the stack for the lookup, and a string only when
-	// it is returned: every hit and every owner looks it up.
+	// Made on the stack: every hit and every owner looks this map key up.
 	var buf [128]byte
 	nc := append(append(buf[:0], key...), "\x00nocache"...)
 	if f := g.flights[string(nc)]; usable(f) {

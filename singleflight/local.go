@@ -7,8 +7,7 @@ import (
 	"time"
 )
 
-// memory is the backend of a Group without Redis: every flight is owned in this process,
-// and stored answers live in its memory alone.
+// memory is the backend of a Group without Redis: every flight is owned in this process.
 type memory struct{ g *Group }
 
 func (memory) name() string { return "memory" }
@@ -72,9 +71,8 @@ func (g *Group) endLead(ctx context.Context, f *flight) {
 	g.observe(Event{Kind: EventFlightEnd, Key: f.key})
 }
 
-// leadLocal owns f in this process alone, attempt after attempt: the in-memory mode, and
-// the fail-open mode of a Redis Group whose Redis does not answer. It reports false when
-// the attempts go on on another goroutine (retryAfterJitter), which ends the flight.
+// leadLocal owns f in this process alone, attempt after attempt; false when another
+// goroutine ends f.
 func (g *Group) leadLocal(ctx context.Context, f *flight, attempt int) bool {
 	end, res, _ := g.own(ctx, f, localOwnership{})
 	if end == attemptDone || ctx.Err() != nil || !g.retryDue(f, attempt, res) {
@@ -86,9 +84,8 @@ func (g *Group) leadLocal(ctx context.Context, f *flight, attempt int) bool {
 	})
 }
 
-// retryDue decides, after a failed attempt, whether another one is due: only when callers
-// other than the leader still wait and attempts are left. It delivers the last error when
-// none are left. A retry waits the takeover jitter first.
+// retryDue reports whether another attempt is due: callers other than the leader wait and
+// attempts are left (ADR 0026). With none left, it delivers the last error.
 func (g *Group) retryDue(f *flight, attempt int, last Result) bool {
 	if g.endIfAlone(f) {
 		return false
@@ -100,12 +97,7 @@ func (g *Group) retryDue(f *flight, attempt int, last Result) bool {
 	return true
 }
 
-// retryAfterJitter runs retry, the rest of a lead after a failed attempt, once the
-// takeover jitter has passed, and reports whether the flight ended (false: it goes on on
-// another goroutine, which ends it). A flight led on its caller's goroutine
-// (CallOptions.Inline) goes on on a goroutine of its own: the caller's answer is its own
-// call's, which it reads as soon as DoWith returns, and the retries are for the callers
-// waiting with it.
+// retryAfterJitter runs retry after the jitter, on a goroutine if Inline (ADR 0025).
 func (g *Group) retryAfterJitter(ctx context.Context, f *flight, retry func() bool) bool {
 	if !f.call.Inline {
 		return !g.jitter(ctx) || retry()
@@ -127,8 +119,7 @@ func (g *Group) deliverLastError(f *flight, last Result) {
 	f.finishWith(last.Head, last.Body)
 }
 
-// jitter waits a random part of TakeoverJitter, so that contenders do not stampede;
-// false when ctx ended first.
+// jitter waits a random part of TakeoverJitter (ADR 0003); false when ctx ended first.
 func (g *Group) jitter(ctx context.Context) bool {
 	if g.opts.TakeoverJitter <= 0 {
 		return ctx.Err() == nil
@@ -148,8 +139,7 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// endIfAlone removes f from the flight map when no caller but the leader waits, so that a
-// caller arriving now starts a new flight instead of joining one that is giving up.
+// endIfAlone forgets f when no caller but the leader waits: newcomers start anew.
 func (g *Group) endIfAlone(f *flight) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()

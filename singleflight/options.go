@@ -10,8 +10,7 @@ import (
 
 // Options configures a Group. Zero values are replaced by the defaults given.
 type Options struct {
-	// Redis coordinates instances. If nil, the Group is in-memory: local flights and a
-	// bounded TTL result cache.
+	// Redis coordinates instances. If nil, the Group is in memory.
 	Redis redis.UniversalClient
 	// KeyPrefix of every Redis key. If empty, "ai:flight" is used.
 	KeyPrefix string
@@ -19,8 +18,7 @@ type Options struct {
 	HeartbeatInterval time.Duration
 	// LeaseTTL of an owner. If zero, 3s is used.
 	LeaseTTL time.Duration
-	// TakeoverJitter is the upper bound of the random wait before a takeover. If zero,
-	// 500ms is used; negative means none.
+	// TakeoverJitter bounds the random wait before a takeover. If zero, 500ms; negative: none.
 	TakeoverJitter time.Duration
 	// MaxAttempts of upstream calls per flight. If zero, 3 is used.
 	MaxAttempts int
@@ -30,31 +28,24 @@ type Options struct {
 	Linger time.Duration
 	// Timeout is the hard limit of one owner function. If zero, 10m is used.
 	Timeout time.Duration
-	// BatchDelay and BatchBytes bound how long streamed bytes wait before they are
-	// appended to Redis. If zero, 5ms and 16 KiB are used.
+	// BatchDelay and BatchBytes bound a batch of streamed bytes. If zero, 5ms and 16 KiB.
 	BatchDelay time.Duration
 	BatchBytes int
 	// StreamMaxLen caps the entries of one flight's stream. If zero, 10000 is used.
 	StreamMaxLen int
-	// MemoryMaxEntries bounds the results kept in this process: the result store without
-	// Redis, a first level in front of it with Redis. If zero, 10000 is used.
+	// MemoryMaxEntries bounds the results kept in this process (ADR 0028). If zero, 10000.
 	MemoryMaxEntries int
-	// MemoryMaxBytes bounds the same results in bytes (bodies, headers and keys): the least
-	// recently used go first, and a result larger than the bound is not kept in the process.
-	// If zero, 128 MiB is used.
+	// MemoryMaxBytes bounds them in bytes of bodies, headers and keys. If zero, 128 MiB.
 	MemoryMaxBytes int64
 	// Observer receives the package's events. If nil, they are dropped.
 	Observer Observer
-	// Annotate, if set, is called once for each answer kept in this process (made here or
-	// read from Redis), outside the Group's locks, and what it returns is given with the
-	// answer to each hit served from this process's store as Head.Note: what every hit
-	// would work out from the body is worked out once, the hit that read it from Redis
-	// included. Owners and followers get no Note. If nil, hits get no Note.
+	// Annotate, if set, is called once per answer kept in this process, outside the locks;
+	// its hits get what it returns as Head.Note (ADR 0034).
 	Annotate func(h Head, body []byte) any
 	// InstanceID names this process in tokens and meta. If empty, a random one is used.
 	InstanceID string
-	// MaxResultTTL is the longest TTL any Result asks for: a namespace's generation is
-	// kept that long after its last purge (see PurgeNamespace). If zero, ResultTTL.
+	// MaxResultTTL is the longest TTL any Result asks for, which namespace generations
+	// outlive. If zero, ResultTTL.
 	MaxResultTTL time.Duration
 }
 

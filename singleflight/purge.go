@@ -14,22 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Purges. A stored answer lives in Redis and in the memory of every instance that stored
-// or served it, so a purge deletes it in Redis and tells every instance over Redis
-// pub/sub (PUBLISH on P:invalidate: a Cluster broadcasts it to every node, and it works on
-// every supported server; SPUBLISH needs Redis 7 and a shard per channel).
-//
-// A namespace is purged in O(1): its generation is part of every key made in it (see
-// Generation), so a new generation puts all its old answers out of reach at once, and
-// they expire by themselves. Each instance keeps the generations it uses in memory and
-// learns of a new one by the same message, so a request costs no Redis round trip for it.
-//
-// Staleness: a purge reaches another instance's memory when its message does (well under
-// a millisecond on a LAN). If the subscription breaks, messages are lost, so when it is
-// listening again the instance forgets every answer and generation it kept; while it is
-// broken, an instance may serve from memory what was purged elsewhere. Generations are
-// also read again after namespaceRefresh, in case a message was missed without the
-// subscription noticing.
+// Purges reach every instance's memory over P:invalidate (ADR 0046); a namespace is purged
+// by a new generation in its keys (ADR 0047).
 
 var (
 	//go:embed lua/purge_ns.lua
@@ -38,11 +24,9 @@ var (
 )
 
 const (
-	// namespaceRefresh is how long a generation read from Redis is used without reading it
-	// again: the backstop behind the purge messages.
+	// namespaceRefresh: a generation is read again after it, should a message be lost.
 	namespaceRefresh = time.Minute
-	// purgeMemory is how long a purged key is not kept in memory again: a lookup that ran
-	// before the purge may come back with the old answer after the purge's message.
+	// purgeMemory: a purged key is not kept in memory again for so long (ADR 0046).
 	purgeMemory = 10 * time.Second
 	// maxNamespaces bounds the generations kept in memory; the names come from clients.
 	maxNamespaces = 10000
@@ -84,9 +68,7 @@ func (g *Group) startInvalidation() {
 
 func (m memory) listen() { close(m.g.inv.ready) }
 
-// listen subscribes the purge channel on the pub/sub connection followers wait on
-// (hub.go). Each confirmation of its subscription after the first means purges may have
-// been lost, so everything kept in memory is forgotten.
+// listen subscribes the purge channel; a confirmation after the first forgets all.
 func (r *remote) listen() {
 	g := r.g
 	subscribed := false // only the receiving goroutine touches it
@@ -154,8 +136,7 @@ func (g *Group) forgetKey(key string) bool {
 	return found
 }
 
-// forgetAll drops every answer and generation kept in memory: purge messages may have
-// been missed.
+// forgetAll drops every answer and generation kept in memory.
 func (g *Group) forgetAll() {
 	g.inv.mu.Lock()
 	g.inv.epoch++
@@ -167,7 +148,6 @@ func (g *Group) forgetAll() {
 	g.observe(Event{Kind: EventInvalidated, Op: "all"})
 }
 
-// recentlyPurged reports whether key was purged less than purgeMemory ago.
 func (g *Group) recentlyPurged(key string) bool {
 	g.inv.mu.Lock()
 	defer g.inv.mu.Unlock()
@@ -175,9 +155,8 @@ func (g *Group) recentlyPurged(key string) bool {
 	return ok && time.Since(t) < purgeMemory
 }
 
-// Forget drops the stored answer of key everywhere: in Redis, and in the memory of every
-// instance (this one at once, the others when the message reaches them). It reports
-// whether an answer was found. A flight in progress is not affected.
+// Forget drops the stored answer of key in Redis and in every instance's memory, and
+// reports whether one was found. A flight in progress is not affected.
 func (g *Group) Forget(ctx context.Context, key string) (bool, error) {
 	found := g.forgetKey(key)
 	g.observe(Event{Kind: EventPurge, Op: "answer", Key: key})
@@ -196,9 +175,8 @@ func (r *remote) forget(ctx context.Context, key string) (bool, error) {
 	return n > 0, nil
 }
 
-// PurgeNamespace starts a new generation of namespace ns: every answer stored in it is out
-// of reach at once, in O(1), and new requests in it make new keys. It returns the new
-// generation.
+// PurgeNamespace starts and returns a new generation of namespace ns: its stored answers
+// are out of reach at once.
 func (g *Group) PurgeNamespace(ctx context.Context, ns string) (uint64, error) {
 	g.observe(Event{Kind: EventPurge, Op: "namespace"})
 	return g.coord.purgeNamespace(ctx, ns)
@@ -230,14 +208,12 @@ func (r *remote) purgeNamespace(ctx context.Context, ns string) (uint64, error) 
 	return gen, nil
 }
 
-// ErrGenerationUnknown means a namespace's generation could not be read: its answers
-// must be neither served nor stored, since they could be of a purged generation.
+// ErrGenerationUnknown means a namespace's generation could not be read: its answers must
+// be neither served nor stored.
 var ErrGenerationUnknown = errors.New("singleflight: namespace generation unknown")
 
-// Generation returns the current generation of namespace ns, which the caller makes part
-// of the request key; 0 for a namespace never purged. It is read from memory, and from
-// Redis only the first time this process uses ns, or namespaceRefresh after it last read
-// it. When it cannot be read, it returns 0 and an error wrapping ErrGenerationUnknown.
+// Generation returns the generation of namespace ns for the request key, 0 if never
+// purged, read from memory after the first time; 0 and ErrGenerationUnknown if unknown.
 func (g *Group) Generation(ctx context.Context, ns string) (uint64, error) {
 	return g.coord.generation(ctx, ns)
 }

@@ -7,10 +7,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// unavailable tells errors of an unreachable or unusable server from replies to a command.
-// Authentication and permission errors (a wrong or missing password, an ACL user that may
-// not run the scripts) make Redis as unusable as a network error, for every command, until
-// the configuration is fixed; so do TLS errors (not redis.Error: they fall through).
+// unavailable tells errors of an unusable server from replies to one command (ADR 0022).
+// TLS errors are no redis.Error: they fall through.
 func unavailable(err error) bool {
 	if errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) {
 		return false // this process is busy, Redis is not down: only that flight goes local

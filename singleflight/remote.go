@@ -42,12 +42,10 @@ var (
 	incrScript     = redis.NewScript(incrSrc)
 )
 
-// seqTTL keeps the owner-seq counter from living forever; tokens stay unique after it
-// expires because they also carry the instance id and a local counter.
+// seqTTL keeps owner-seq from living forever; tokens stay unique without it (ADR 0002).
 const seqTTL = 7 * 24 * time.Hour
 
-// seqBlock is how many owner sequence numbers one INCRBY reserves: a claim then costs no
-// round trip of its own, and each owner still has a number of the global counter.
+// seqBlock is how many owner-seq numbers one INCRBY reserves (ADR 0002).
 const seqBlock = 64
 
 // remote is the Redis coordinator of a Group.
@@ -58,8 +56,7 @@ type remote struct {
 	renewer *renewer      // every owned lease, renewed in one batch
 	batch   batcher       // lookups and completes, in pipelines when many run at once
 	local   atomic.Uint64 // makes tokens unique within this process
-	// recheckEvery, if set, caps how long a follower waits without looking the flight up
-	// (tests: to make a follower look again while its owner is alive but silent).
+	// recheckEvery, if set, caps a follower's wait between looks (tests).
 	recheckEvery time.Duration
 
 	seqMu           sync.Mutex
@@ -78,7 +75,7 @@ func newRemote(g *Group) *remote {
 	return r
 }
 
-// keys of one flight: one hash tag, so that one script may touch all three in a Cluster.
+// flightKeys share one hash tag, so that one script may touch all three in a Cluster.
 type flightKeys struct{ meta, stream, result string }
 
 func (r *remote) keys(key string) flightKeys {
@@ -92,15 +89,12 @@ func (r *remote) keys(key string) flightKeys {
 
 func (r *remote) seqKey() string { return r.g.opts.KeyPrefix + ":owner-seq" }
 
-// ttl of a running flight's meta and stream: long enough that the attempt count survives
-// an owner's death; the lease, not this TTL, decides when a takeover may happen.
+// runningTTL keeps a running flight's attempt count past its owner's death.
 func (r *remote) runningTTL() int64 {
 	return (r.g.opts.LeaseTTL + r.g.opts.Linger).Milliseconds()
 }
 
-// lookup asks what a caller of key should do; with a candidate token it may claim the
-// flight at once (verdictOwner; the caller then uses the token up). It goes out in a
-// shared pipeline (batcher), bounded by the write timeout, not by a caller's context.
+// lookup asks what a caller of key should do; with a candidate it may claim (ADR 0002).
 func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptions) (decision, error) {
 	k := r.keys(key)
 	o := r.g.opts
@@ -114,14 +108,8 @@ func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptio
 	return decodeLookup(v, candidate, sent)
 }
 
-// newToken returns a fencing token, never handed out before by this process: a number of
-// the owner-seq counter (from a block reserved with INCRBY), made unique by the instance id
-// and a local counter, because after a failover the counter can hand out a number again.
-// A token offered to a lookup that did not claim is simply never used.
-//
-// Scripts compare whole tokens for equality, never their numbers' order, so when owner-seq
-// cannot be reached (its Cluster shard is failing over) tokens go on with the last number
-// reserved: still unique, and flights on the healthy shards keep their distributed dedupe.
+// newToken returns a fencing token "seq-instance-local", unique even while owner-seq
+// cannot be reached (ADR 0002).
 func (r *remote) newToken(ctx context.Context) string {
 	r.seqMu.Lock()
 	defer r.seqMu.Unlock()
@@ -142,8 +130,7 @@ func (r *remote) newToken(ctx context.Context) string {
 	return strconv.FormatInt(seq, 10) + "-" + r.g.opts.InstanceID + "-" + strconv.FormatUint(r.local.Add(1), 10)
 }
 
-// claim takes the flight over with token, if its meta is still what the lookup seen
-// answered: the same token in the same state.
+// claim takes the flight over if its meta still has the token and state seen (ADR 0003).
 func (r *remote) claim(ctx context.Context, key, token string, seen decision, fresh bool, co CallOptions) (decision, error) {
 	k := r.keys(key)
 	o := r.g.opts
@@ -157,9 +144,7 @@ func (r *remote) claim(ctx context.Context, key, token string, seen decision, fr
 	return decodeClaim(v, token, sent)
 }
 
-// redisErr reports a failed command on key's flight and returns err. An error that says
-// Redis cannot be used (network, timeouts, a server loading or failing over) degrades the
-// shard that holds key at once, so that no request waits for its own timeout to find out.
+// redisErr reports err; one that says Redis is unusable degrades key's shard (ADR 0022).
 func (r *remote) redisErr(op, key string, err error) error {
 	if errors.Is(err, context.Canceled) {
 		return err

@@ -32,8 +32,7 @@ func (r Role) String() string {
 type Head struct {
 	Status int
 	Header map[string][]string
-	// Note is what Options.Annotate made of a stored answer, given with it to its hits
-	// served from this process's store; nil otherwise. It never leaves the process.
+	// Note is what Options.Annotate made of a stored answer, for hits served here only.
 	Note any
 }
 
@@ -46,8 +45,8 @@ const (
 	Store Outcome = iota
 	// Share shares the response with this flight's waiters only.
 	Share
-	// Retry marks this attempt failed: another waiter takes over, up to MaxAttempts; the
-	// response is what the waiters get when no attempt is left.
+	// Retry marks this attempt failed: another waiter takes over, up to MaxAttempts; then
+	// the waiters get this response.
 	Retry
 )
 
@@ -57,12 +56,10 @@ type Result struct {
 	Head    Head
 	Body    []byte
 	Outcome Outcome
-	// TTL keeps a Store outcome this long instead of Options.ResultTTL (a store policy per
-	// route or model). If zero, Options.ResultTTL is used.
+	// TTL keeps a Store outcome this long. If zero, Options.ResultTTL is used.
 	TTL time.Duration
 }
 
-// Func runs the upstream call of a flight. ctx is the flight context: detached from every
-// caller, ended by the hard timeout, by a lost lease or by shutdown (see context.Cause). A
-// non-nil error makes the attempt fail as with Outcome Retry.
+// Func runs the upstream call of a flight, under a context detached from every caller and
+// ended by the hard timeout, a lost lease or shutdown. An error fails the attempt (Retry).
 type Func func(ctx context.Context, w *Writer) (Result, error)
