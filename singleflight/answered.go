@@ -2,11 +2,10 @@ package singleflight
 
 import "time"
 
-// The fence: no caller is given an answer it may have been sent after. A flight owned here
-// sends back a caller that joined once its final write was sent. Elsewhere a caller is sent
-// back when an upper bound of Redis's clock at its join (a lookup's reading, plus the time
-// since and 1/driftDiv) is not below the answer's landing. Only a caller that has delivered
-// nothing is sent back: it joins the key anew (Reader.rejoin). See ADRs 0020 and 0021.
+// The fence: a caller that has delivered nothing and may have joined after the answer
+// landed joins the key anew (Reader.rejoin). A flight owned here goes by its own clock;
+// elsewhere, by an upper bound of Redis's clock at the join from the flight's lookups,
+// against complete's Redis time. See ADRs 0020 and 0021.
 
 // driftDiv is the drift allowed between a process's clock and Redis's: 1/driftDiv.
 const driftDiv = 1000
@@ -17,15 +16,13 @@ type clockRef struct {
 	sent time.Time
 }
 
-// before is an upper bound of Redis's clock at local time t. A time before the command was
-// sent is bounded by the reading itself.
+// before is an upper bound of Redis's clock at local time t.
 func (c clockRef) before(t time.Time) int64 {
 	d := max(t.Sub(c.sent).Microseconds(), 0)
 	return c.us + 1 + d + d/driftDiv
 }
 
-// sawRedis records a reading of Redis's clock by one of f's lookups: the first and the
-// latest are kept.
+// sawRedis keeps the first and the latest reading of Redis's clock by f's lookups.
 func (f *flight) sawRedis(ref clockRef) {
 	if ref.us <= 0 {
 		return
@@ -38,8 +35,7 @@ func (f *flight) sawRedis(ref clockRef) {
 	f.clockLast = ref
 }
 
-// fence sets when the answer the flight is about to end with landed (Redis's clock, µs;
-// 0: not known, no caller is sent back).
+// fence sets when f's answer landed, in Redis's µs; 0 sends no caller back.
 func (f *flight) fence(landed int64) {
 	f.mu.Lock()
 	f.landed = landed
@@ -55,7 +51,7 @@ func (f *flight) fenceAt(sent time.Time) {
 }
 
 // joinedAfterAnswer reports whether a caller that joined f at local time joined may have
-// joined after its answer landed; f.mu held.
+// come after its answer landed; f.mu held.
 func (f *flight) joinedAfterAnswer(joined time.Time) bool {
 	switch {
 	case !f.landedAt.IsZero():

@@ -54,7 +54,6 @@ func encodeHeader(h map[string][]string) string {
 	return b.String()
 }
 
-// writeItem writes s between quotes, after a comma unless it comes first.
 func writeItem(b *strings.Builder, first bool, s string) {
 	if !first {
 		b.WriteByte(',')
@@ -69,8 +68,7 @@ func marshalHeader(h map[string][]string) string {
 	return string(b)
 }
 
-// plainJSON reports whether encoding/json writes s between quotes as it is: printable
-// ASCII without '"', '\\' and the characters it escapes for HTML ('<', '>', '&').
+// plainJSON reports whether encoding/json writes s as it is: printable ASCII, no escape.
 func plainJSON(s string) bool {
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; {
@@ -81,7 +79,6 @@ func plainJSON(s string) bool {
 	return true
 }
 
-// decodeHeader parses a header encoded by encodeHeader (or by encoding/json).
 func decodeHeader(s string) (map[string][]string, error) {
 	if h, ok := parsePlainHeader(s); ok {
 		return h, nil
@@ -91,8 +88,7 @@ func decodeHeader(s string) (map[string][]string, error) {
 	return h, err
 }
 
-// parsePlainHeader parses what encodeHeader writes when nothing needs escaping; false for
-// anything else.
+// parsePlainHeader parses what encodeHeader writes itself; false for anything else.
 func parsePlainHeader(s string) (map[string][]string, bool) {
 	if len(s) < 2 || s[0] != '{' || s[len(s)-1] != '}' {
 		return nil, false
@@ -139,8 +135,7 @@ func parsePlainHeader(s string) (map[string][]string, bool) {
 	return h, true
 }
 
-// plainString reads a quoted string of plain ASCII from the start of p; false for anything
-// else, which encoding/json decodes (replacing invalid UTF-8 as it does).
+// plainString reads a quoted string of plain ASCII from the start of p; false otherwise.
 func plainString(p string) (v, rest string, ok bool) {
 	if len(p) < 2 || p[0] != '"' {
 		return "", "", false

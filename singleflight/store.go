@@ -34,8 +34,8 @@ func sizeOf(key string, sr storedResult) int64 {
 	return int64(n)
 }
 
-// add keeps sr under key and evicts the least recently used entries until both bounds
-// hold. A result larger than maxBytes is not kept, and evicts nothing.
+// add keeps sr and evicts the least recently used until both bounds hold; a result
+// larger than maxBytes is not kept.
 func (s *store) add(key string, sr storedResult) {
 	size := sizeOf(key, sr)
 	s.remove(key)
@@ -73,7 +73,6 @@ func (s *store) removeElement(e *list.Element) {
 
 func (s *store) len() int { return s.order.Len() }
 
-// clear drops every entry.
 func (s *store) clear() {
 	s.order.Init()
 	clear(s.items)
