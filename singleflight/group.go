@@ -36,9 +36,10 @@ type hooks struct {
 	readGap      func()                    // a follower's read found nothing (or failed), before it looks again
 	afterEntries func()                    // a follower applied one read's entries, before its next read
 	beforeClaim  func()                    // a contender is about to run claim.lua
-	aliveHeard   func()                    // the hub heard an alive message
+	aliveHeard   func()                    // the hub heard an alive message (on its receiving goroutine)
+	subscribed   func([]string, error)     // the hub sent a SUBSCRIBE of these channels
 	resumed      func()                    // a parked follower was woken
-	completed    func()                    // an owner's final write landed, before its flight ends here
+	completed    func()                    // an owner's final write returned, before its flight ends here
 	leadStarted  func()                    // a flight's lead goroutine started; its first caller is not counted yet (g.mu held)
 	probed       func()                    // the probe of a degraded Redis asked it once
 }

@@ -112,6 +112,7 @@ func (h *wakeHub) send(ps *redis.PubSub) {
 		var join, leave []string
 		now := time.Now()
 		h.mu.Lock()
+		sent := g.hooks.subscribed // set by tests under h.mu
 		for ch := range h.dirty {
 			switch on := h.on(ch); {
 			case on && !h.subscribed[ch]:
@@ -145,7 +146,10 @@ func (h *wakeHub) send(ps *redis.PubSub) {
 		h.mu.Unlock()
 		// Errors need nothing: go-redis subscribes again when it reconnects.
 		if len(join) > 0 {
-			_ = ps.Subscribe(g.ctx, join...)
+			err := ps.Subscribe(g.ctx, join...)
+			if sent != nil {
+				sent(join, err)
+			}
 		}
 		if len(leave) > 0 {
 			_ = ps.Unsubscribe(g.ctx, leave...)

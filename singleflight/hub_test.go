@@ -3,6 +3,9 @@ package singleflight
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,4 +65,78 @@ func TestIdleChannelStaysSubscribedThenLeaves(t *testing.T) {
 	hub.mu.Unlock()
 	hub.kick()
 	waitCond(t, 10*time.Second, "the idle channel unsubscribed", func() bool { return subscribers() == 0 })
+}
+
+// TestConnectionCutWhileSubscribingLeavesNoFollowerBehind drives the interleaving in which
+// go-redis reconnects inside a SUBSCRIBE with its old channel list: instance A owns keys 0,
+// 1 and 2 (and a fourth, which runs on); F follows key 0; F's receiving goroutine is held
+// busy; the pub/sub connection is killed; F follows key 1 (its SUBSCRIBE meets the dead
+// socket), then key 2 (go-redis reconnects without it). Every follower is answered within
+// a lease of its owner's end, although A's alive messages, heard all along, speak for the
+// owner of all three.
+func TestConnectionCutWhileSubscribingLeavesNoFollowerBehind(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	o := Options{HeartbeatInterval: 50 * time.Millisecond, LeaseTTL: time.Second}
+	a, f := b.group(t, o), b.group(t, o)
+	ctx := context.Background()
+
+	var holding atomic.Bool
+	held, release := make(chan struct{}), make(chan struct{})
+	var holdOnce sync.Once
+	f.hooks.aliveHeard = func() { // on F's receiving goroutine
+		if holding.Load() {
+			holdOnce.Do(func() { close(held) })
+			<-release
+		}
+	}
+	sent := make(chan []string, 16)
+	f.rem().wake.mu.Lock()
+	f.hooks.subscribed = func(channels []string, err error) { sent <- channels }
+	f.rem().wake.mu.Unlock()
+	sentFor := func(key string) {
+		t.Helper()
+		want := f.rem().keys(key).stream
+		for {
+			select {
+			case chs := <-sent:
+				if slices.Contains(chs, want) {
+					return
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("no SUBSCRIBE sent for %s", want)
+			}
+		}
+	}
+
+	// Key 3 runs on throughout: A's alive messages go on after keys 0-2 end.
+	rps := []*reply{newReply("zero"), newReply("one"), newReply("two"), newReply("three")}
+	keys, owned := ownEach(t, a, 4, func(i int) Func { return rps[i].fn })
+	defer rps[3].release()
+	followers := followEach(t, f, keys[:1], rps[0].fn)
+	sentFor(keys[0])
+	holding.Store(true)
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("F heard no alive message")
+	}
+	if err := srv.Client().ClientKillByFilter(ctx, "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	followers = append(followers, followEach(t, f, keys[1:2], rps[1].fn)...)
+	sentFor(keys[1])
+	followers = append(followers, followEach(t, f, keys[2:3], rps[2].fn)...)
+	sentFor(keys[2])
+	close(release)
+
+	for i, rp := range rps[:3] {
+		rp.release()
+		if out := readWithin(owned[i], 10*time.Second); out.err != nil || out.body != rp.body {
+			t.Fatalf("owner of key %d got %q, %v", i, out.body, out.err)
+		}
+		if out := readWithin(followers[i], o.LeaseTTL+time.Second); out.err != nil || out.body != rp.body {
+			t.Errorf("follower of key %d got %q, %v within a lease of its owner's end; want %q", i, out.body, out.err, rp.body)
+		}
+	}
 }
