@@ -19,6 +19,7 @@ type wakeHub struct {
 	watches    map[string]map[*watch]struct{} // channel → its watchers (a set: many followers share an alive channel)
 	listeners  map[string]listener            // channels subscribed for the Group's life
 	subscribed map[string]bool                // channels the sender has subscribed (and not left)
+	pending    map[string]unconfirmed         // subscribed channels Redis has not confirmed (since it broke)
 	dirty      map[string]bool                // channels whose watchers changed since the sender looked
 	idle       map[string]time.Time           // subscribed channels without watchers, since when (the sender's alone)
 	idleOrder  []idleChannel                  // idle's channels in the order they went idle (the sender's alone)
@@ -30,6 +31,12 @@ type wakeHub struct {
 
 // keepIdleChannels is how long a channel stays subscribed without watchers (ADR 0014).
 const keepIdleChannels = 5 * time.Second
+
+// confirmWithin is how long a SUBSCRIBE may go unconfirmed before it is sent again: a
+// subscription holds only once Redis confirmed it (ADR 0055).
+const confirmWithin = time.Second
+
+type unconfirmed struct{ since, sent time.Time } // sent: when SUBSCRIBE was last sent
 
 type idleChannel struct {
 	channel string
@@ -44,7 +51,7 @@ type listener struct {
 
 func newWakeHub(r *remote) *wakeHub {
 	return &wakeHub{r: r, watches: map[string]map[*watch]struct{}{}, listeners: map[string]listener{},
-		subscribed: map[string]bool{}, dirty: map[string]bool{}, flush: make(chan struct{}, 1),
+		subscribed: map[string]bool{}, pending: map[string]unconfirmed{}, dirty: map[string]bool{}, flush: make(chan struct{}, 1),
 		alive: map[string]*aliveState{}, idle: map[string]time.Time{}, keepIdle: keepIdleChannels}
 }
 
@@ -99,62 +106,122 @@ func (h *wakeHub) send(ps *redis.PubSub) {
 	g := h.r.g
 	defer g.wg.Done()
 	defer ps.Close()
-	idleTimer := time.NewTimer(time.Hour) // armed while channels are idle
-	idleTimer.Stop()
+	timer := time.NewTimer(time.Hour) // armed while channels are idle or unconfirmed
+	timer.Stop()
 	for {
 		select {
 		case <-g.ctx.Done():
-			idleTimer.Stop()
+			timer.Stop()
 			return
 		case <-h.flush:
-		case <-idleTimer.C:
+		case <-timer.C:
 		}
-		var join, leave []string
-		now := time.Now()
 		h.mu.Lock()
 		sent := g.hooks.subscribed // set by tests under h.mu
-		for ch := range h.dirty {
-			switch on := h.on(ch); {
-			case on && !h.subscribed[ch]:
-				join = append(join, ch)
-				h.subscribed[ch] = true
-			case on:
-				delete(h.idle, ch)
-			case h.subscribed[ch]:
-				if _, ok := h.idle[ch]; !ok {
-					h.idle[ch] = now
-					h.idleOrder = append(h.idleOrder, idleChannel{ch, now})
-				}
-			}
-		}
-		clear(h.dirty)
-		for len(h.idleOrder) > 0 && now.Sub(h.idleOrder[0].since) >= h.keepIdle {
-			c := h.idleOrder[0]
-			h.idleOrder = h.idleOrder[1:]
-			if since, ok := h.idle[c.channel]; !ok || !since.Equal(c.since) {
-				continue // watched again since; a later entry stands for it if it went idle again
-			}
-			delete(h.idle, c.channel)
-			if !h.on(c.channel) { // a watcher that came since found it subscribed
-				leave = append(leave, c.channel)
-				delete(h.subscribed, c.channel)
-			}
-		}
-		if len(h.idleOrder) > 0 {
-			idleTimer.Reset(h.idleOrder[0].since.Add(h.keepIdle).Sub(now))
-		}
+		join, leave, next := h.plan(time.Now())
 		h.mu.Unlock()
-		// Errors need nothing: go-redis subscribes again when it reconnects.
+		if !next.IsZero() {
+			timer.Reset(time.Until(next))
+		}
 		if len(join) > 0 {
 			err := ps.Subscribe(g.ctx, join...)
 			if sent != nil {
 				sent(join, err)
+			}
+			if err != nil {
+				// go-redis may have reconnected inside it without these channels: send
+				// them again soon, whatever it says.
+				h.mu.Lock()
+				for _, ch := range join {
+					if p, ok := h.pending[ch]; ok {
+						p.sent = time.Now().Add(pollEvery - confirmWithin)
+						h.pending[ch] = p
+					}
+				}
+				h.mu.Unlock()
+				timer.Reset(pollEvery)
 			}
 		}
 		if len(leave) > 0 {
 			_ = ps.Unsubscribe(g.ctx, leave...)
 		}
 	}
+}
+
+// plan returns the channels to subscribe (new, or unconfirmed for confirmWithin) and to
+// leave (idle for keepIdle), and when to look again; h.mu held.
+func (h *wakeHub) plan(now time.Time) (join, leave []string, next time.Time) {
+	for ch := range h.dirty {
+		switch on := h.on(ch); {
+		case on && !h.subscribed[ch]:
+			join = append(join, ch)
+			h.subscribed[ch] = true
+			h.pending[ch] = unconfirmed{since: now, sent: now}
+		case on:
+			delete(h.idle, ch)
+		case h.subscribed[ch]:
+			if _, ok := h.idle[ch]; !ok {
+				h.idle[ch] = now
+				h.idleOrder = append(h.idleOrder, idleChannel{ch, now})
+			}
+		}
+	}
+	clear(h.dirty)
+	for len(h.idleOrder) > 0 && now.Sub(h.idleOrder[0].since) >= h.keepIdle {
+		c := h.idleOrder[0]
+		h.idleOrder = h.idleOrder[1:]
+		if since, ok := h.idle[c.channel]; !ok || !since.Equal(c.since) {
+			continue // watched again since; a later entry stands for it if it went idle again
+		}
+		delete(h.idle, c.channel)
+		if !h.on(c.channel) { // a watcher that came since found it subscribed
+			leave = append(leave, c.channel)
+			delete(h.subscribed, c.channel)
+			delete(h.pending, c.channel)
+		}
+	}
+	if len(h.idleOrder) > 0 {
+		next = h.idleOrder[0].since.Add(h.keepIdle)
+	}
+	for ch, p := range h.pending {
+		if due := p.sent.Add(confirmWithin); !due.After(now) {
+			join = append(join, ch)
+			p.sent = now
+			h.pending[ch] = p
+		} else if next.IsZero() || due.Before(next) {
+			next = due
+		}
+	}
+	if len(join) > 0 && (next.IsZero() || now.Add(confirmWithin).Before(next)) {
+		next = now.Add(confirmWithin)
+	}
+	return join, leave, next
+}
+
+// unconfirmedSince is when channel's subscription stopped being known to hold: zero while
+// Redis has confirmed it and the connection has not broken since; now for a channel not
+// subscribed yet.
+func (h *wakeHub) unconfirmedSince(channel string) time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.subscribed[channel] {
+		return time.Now()
+	}
+	return h.pending[channel].since
+}
+
+// unconfirm takes every subscription for unconfirmed: the connection broke, and go-redis
+// subscribes again when it reconnects. One that Redis does not confirm is sent again.
+func (h *wakeHub) unconfirm() {
+	now := time.Now()
+	h.mu.Lock()
+	for ch := range h.subscribed {
+		if _, ok := h.pending[ch]; !ok {
+			h.pending[ch] = unconfirmed{since: now, sent: now}
+		}
+	}
+	h.mu.Unlock()
+	h.kick()
 }
 
 func (h *wakeHub) watched(channel string) bool {
@@ -183,6 +250,7 @@ func (h *wakeHub) receive(ps *redis.PubSub) {
 			g.observe(Event{Kind: EventRedisError, Op: "subscribe", Err: err})
 			// Messages may be lost: every follower reads its stream.
 			h.down.Store(true)
+			h.unconfirm()
 			h.all(func(w *watch) { w.mu.Lock(); w.resync = true; w.mu.Unlock() })
 			// go-redis reconnects on the next Receive; back off, not a busy loop.
 			if !sleep(g.ctx, backoff) {
@@ -198,6 +266,9 @@ func (h *wakeHub) receive(ps *redis.PubSub) {
 			if m.Kind != "subscribe" {
 				continue
 			}
+			h.mu.Lock()
+			delete(h.pending, m.Channel)
+			h.mu.Unlock()
 			if l, ok := h.listenerOf(m.Channel); ok {
 				l.confirmed()
 				continue

@@ -34,6 +34,11 @@ func (fw *follower) lookAt() (at time.Time, byAlive bool) {
 		return at, false // a Cluster's alive messages say nothing of a down shard (ADR 0023)
 	}
 	until := r.wake.aliveUntil(fw.alive.channel)
+	if since := r.wake.unconfirmedSince(fw.stream); !since.IsZero() && since.Add(r.g.opts.LeaseTTL).Before(until) {
+		// Alive messages heard while the flight's own channel is not known to hold put its
+		// look-up off no further than a lease (ADR 0055).
+		until = since.Add(r.g.opts.LeaseTTL)
+	}
 	if !until.After(time.Now()) || !until.Add(-r.g.opts.LeaseTTL).After(fw.since) {
 		return at, false // silent for a lease: only the deadline counts
 	}

@@ -187,3 +187,38 @@ func TestFollowerWaitsOutARedisRestartLateInItsWait(t *testing.T) {
 		t.Fatalf("%d upstream calls, %d takeovers by the follower's instance; want 1 and 0", n, tk)
 	}
 }
+
+// TestAliveMessagesPutOffNoLookOfAnUnconfirmedChannel: an owner instance's alive messages
+// speak for all its flights; while this flight's own channel is not known to hold, they
+// put its look-up off no further than a lease from when it stopped holding.
+func TestAliveMessagesPutOffNoLookOfAnUnconfirmedChannel(t *testing.T) {
+	g := New(Options{Redis: redistest.Start(t).Client(), LeaseTTL: time.Second})
+	t.Cleanup(func() { g.Close(context.Background()) })
+	hub := g.rem().wake
+	ch := hub.aliveChannel("owner-instance")
+	w, err := hub.watch(ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	stream := g.rem().keys(uniqueKey()).stream
+	l := &leader{r: g.rem(), ctx: context.Background(), f: &flight{key: uniqueKey()}, pos: position{token: "1-owner-instance-1"}}
+	fw := &follower{l: l, alive: w, stream: stream}
+	fw.trust()
+	fw.since = time.Now()
+	fw.deadline = fw.since.Add(20 * time.Millisecond)
+	hub.mu.Lock()
+	hub.subscribed[stream] = true
+	hub.pending[stream] = unconfirmed{since: time.Now().Add(-2 * time.Second), sent: time.Now()}
+	hub.mu.Unlock()
+	hub.heard(ch, nil)
+	if at, byAlive := fw.lookAt(); byAlive || !at.Equal(fw.deadline) {
+		t.Fatalf("unconfirmed for two leases: look at %v (by alive %v); want the deadline %v", at, byAlive, fw.deadline)
+	}
+	hub.mu.Lock()
+	delete(hub.pending, stream) // Redis confirmed it
+	hub.mu.Unlock()
+	if at, byAlive := fw.lookAt(); !byAlive || !at.After(fw.deadline) {
+		t.Fatalf("confirmed: look at %v (by alive %v); want later than the deadline %v, by alive", at, byAlive, fw.deadline)
+	}
+}
