@@ -140,3 +140,60 @@ func TestConnectionCutWhileSubscribingLeavesNoFollowerBehind(t *testing.T) {
 		}
 	}
 }
+
+// TestFollowersAnsweredAfterTheConnectionIsKilled: whether the pub/sub connection is killed
+// while its receiving goroutine waits for Redis or while it is behind (busy with what came
+// before), every follower is answered within a lease of its owner's end, while the owner
+// instance goes on saying it is alive.
+func TestFollowersAnsweredAfterTheConnectionIsKilled(t *testing.T) {
+	for _, behind := range []bool{false, true} {
+		t.Run(map[bool]string{false: "idle", true: "behind"}[behind], func(t *testing.T) {
+			srv := redistest.Start(t)
+			b := backend{name: "redis", redis: srv}
+			o := Options{HeartbeatInterval: 50 * time.Millisecond, LeaseTTL: time.Second}
+			a, f := b.group(t, o), b.group(t, o)
+			var holding atomic.Bool
+			held, release := make(chan struct{}), make(chan struct{})
+			var holdOnce sync.Once
+			f.hooks.aliveHeard = func() {
+				if holding.Load() {
+					holdOnce.Do(func() { close(held) })
+					<-release
+				}
+			}
+			rps := []*reply{newReply("zero"), newReply("one"), newReply("three")}
+			keys, owned := ownEach(t, a, 3, func(i int) Func { return rps[i].fn })
+			defer rps[2].release() // runs on: A's alive messages go on
+			followers := followEach(t, f, keys[:2], rps[0].fn)
+			waitCond(t, 10*time.Second, "followers' channels confirmed", func() bool {
+				for _, k := range keys[:2] {
+					if !f.rem().wake.unconfirmedSince(f.rem().keys(k).stream).IsZero() {
+						return false
+					}
+				}
+				return true
+			})
+			if behind {
+				holding.Store(true)
+				select {
+				case <-held:
+				case <-time.After(10 * time.Second):
+					t.Fatal("F heard no alive message")
+				}
+			}
+			if err := srv.Client().ClientKillByFilter(context.Background(), "TYPE", "pubsub").Err(); err != nil {
+				t.Fatal(err)
+			}
+			close(release)
+			for i, rp := range rps[:2] {
+				rp.release()
+				if out := readWithin(owned[i], 10*time.Second); out.err != nil || out.body != rp.body {
+					t.Fatalf("owner of key %d got %q, %v", i, out.body, out.err)
+				}
+				if out := readWithin(followers[i], o.LeaseTTL+time.Second); out.err != nil || out.body != rp.body {
+					t.Errorf("follower of key %d got %q, %v within a lease of its owner's end; want %q", i, out.body, out.err, rp.body)
+				}
+			}
+		})
+	}
+}
