@@ -2,6 +2,7 @@ package singleflight
 
 import (
 	"context"
+	"slices"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -73,8 +74,22 @@ func (b *batcher) sendNext() {
 
 func (b *batcher) send(batch []*batchCall) {
 	rdb := b.r.rdb
-	ctx, cancel := context.WithTimeout(context.Background(), writeTimeout(b.r.g))
+	ctx, cancel := b.r.opContext(context.Background())
 	defer cancel()
+	// A call whose shard went down while it queued is not sent: one deadline is all its
+	// caller waits (ADR 0056).
+	batch = slices.DeleteFunc(batch, func(c *batchCall) bool {
+		if !b.r.degradedAt(c.keys[0]) {
+			return false
+		}
+		c.cmd = redis.NewCmd(ctx)
+		c.cmd.SetErr(errShardDown)
+		close(c.done)
+		return true
+	})
+	if len(batch) == 0 {
+		return
+	}
 	if len(batch) == 1 {
 		c := batch[0]
 		c.cmd = c.script.Run(ctx, rdb, c.keys, c.args...)

@@ -18,14 +18,17 @@ func (r *remote) sharded() bool {
 }
 
 // shard names the master of key's slot in a Cluster, "" on one server or if not known.
-func (r *remote) shard(key string) string {
+func (r *remote) shard(key string) string { return r.shardOf(r.keys(key).meta) }
+
+// shardOf names the server that holds the Redis key rkey (see shard).
+func (r *remote) shardOf(rkey string) string {
 	c, ok := r.rdb.(*redis.ClusterClient)
 	if !ok {
 		return ""
 	}
 	ctx, cancel := context.WithTimeout(r.g.ctx, time.Second)
 	defer cancel()
-	m, err := c.MasterForKey(ctx, r.keys(key).meta) // the layout this client holds: no I/O once known
+	m, err := c.MasterForKey(ctx, rkey) // the layout this client holds: no I/O once known
 	if err != nil {
 		return ""
 	}
@@ -41,11 +44,14 @@ func (r *remote) reloadLayout() {
 }
 
 // degradedFor reports whether key's flights must run local-only now.
-func (r *remote) degradedFor(key string) bool {
+func (r *remote) degradedFor(key string) bool { return r.degradedAt(r.keys(key).meta) }
+
+// degradedAt reports whether the server that holds the Redis key rkey is degraded.
+func (r *remote) degradedAt(rkey string) bool {
 	if !r.g.degraded.Load() {
 		return false
 	}
-	s := r.shard(key)
+	s := r.shardOf(rkey)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.down[""] || r.down[s]

@@ -23,3 +23,6 @@ var (
 	// ErrPanic wraps a panic recovered from an owner function.
 	ErrPanic = errors.New("singleflight: owner panicked")
 )
+
+// errShardDown is why a write was not sent: the flight's Redis shard is degraded.
+var errShardDown = errors.New("singleflight: the flight's Redis is down")

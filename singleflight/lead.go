@@ -105,6 +105,9 @@ func (l *leader) lookup() leadState {
 	var candidate string
 	if l.pos.last == "" || l.caughtUp {
 		candidate = r.newToken(l.ctx)
+		if r.degradedFor(f.key) {
+			return leadLocal // the token's owner-seq timed out: one deadline is all a caller waits
+		}
 	}
 	d, err := r.lookup(f.key, f.noCache, candidate, f.call)
 	if err != nil {
@@ -140,6 +143,9 @@ func (l *leader) claim() leadState {
 		return leadContend
 	}
 	token := r.newToken(l.ctx)
+	if r.degradedFor(f.key) {
+		return leadLocal
+	}
 	if g.hooks.beforeClaim != nil {
 		g.hooks.beforeClaim()
 	}

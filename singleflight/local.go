@@ -33,6 +33,9 @@ type localOwnership struct{}
 func (localOwnership) heartbeat(context.Context, context.CancelCauseFunc) func() { return func() {} }
 func (localOwnership) appendBatch(context.Context, int, *Head, []byte) error     { return nil }
 func (localOwnership) fail(context.Context, Result, string) error                { return nil }
+func (localOwnership) degraded() bool                                            { return false }
+func (localOwnership) goesOn() bool                                              { return false }
+func (localOwnership) again(context.Context) error                               { return nil }
 func (localOwnership) remote() bool                                              { return false }
 
 func (localOwnership) complete(context.Context, final) error { return nil }

@@ -28,6 +28,10 @@ type Options struct {
 	Linger time.Duration
 	// Timeout is the hard limit of one owner function. If zero, 10m is used.
 	Timeout time.Duration
+	// RedisTimeout bounds one Redis operation on a caller's path, retries included: the
+	// longest a caller waits on a Redis that hangs. The client should have
+	// ContextTimeoutEnabled, so that the bound also cuts a read in progress. If zero, 1s.
+	RedisTimeout time.Duration
 	// BatchDelay and BatchBytes bound a batch of streamed bytes. If zero, 5ms and 16 KiB.
 	BatchDelay time.Duration
 	BatchBytes int
@@ -60,6 +64,7 @@ func (o *Options) setDefaults() {
 	def(&o.TakeoverJitter, 500*time.Millisecond)
 	def(&o.Linger, 30*time.Second)
 	def(&o.Timeout, 10*time.Minute)
+	def(&o.RedisTimeout, time.Second)
 	def(&o.BatchDelay, 5*time.Millisecond)
 	if o.TakeoverJitter < 0 {
 		o.TakeoverJitter = 0

@@ -15,10 +15,16 @@ type ownership interface {
 	heartbeat(ctx context.Context, cancel context.CancelCauseFunc) (stop func())
 	// appendBatch adds batch number n (from 1) of streamed bytes; head rides on the first.
 	appendBatch(ctx context.Context, n int, head *Head, data []byte) error
-	// complete ends the flight with its answer; see final.
+	// complete ends the flight with its answer, fail this attempt (res: its failed answer,
+	// if any). Each makes its write once, within one Redis deadline (none while the
+	// flight's shard is degraded); goesOn then says whether it is to be made again, which
+	// again does while Redis does not answer and the lease runs (ADRs 0024, 0056).
 	complete(ctx context.Context, fin final) error
-	// fail ends this attempt; res is the failed answer, if there is one.
 	fail(ctx context.Context, res Result, reason string) error
+	goesOn() bool
+	again(ctx context.Context) error
+	// degraded says whether the flight's shard is degraded: no caller waits on its writes.
+	degraded() bool
 	// remote says whether there are followers elsewhere to renew and write for.
 	remote() bool
 	// abandon tells followers elsewhere that the attempt ended without a final write.
@@ -48,18 +54,30 @@ const (
 // own runs f's owner function as one attempt under o and publishes what it produces.
 func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Result, error) {
 	fctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	tctx, cancelT := context.WithTimeoutCause(fctx, g.opts.Timeout, ErrTimeout)
-	defer cancelT()
 
 	g.setOwned(f, true)
 	defer g.setOwned(f, false)
 	f.startGen(RoleOwner, true)
 
 	w := &Writer{g: g, f: f, o: o, ctx: fctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
-	// Under the hard timeout, and on until the final write (ADRs 0007, 0008).
+	// Under the hard timeout, and on until the final write (ADRs 0007, 0008): end ends the
+	// attempt, here or after a final write that goes on past this call (ADR 0056).
 	stopHeartbeat := o.heartbeat(tctx, cancel)
-	defer stopHeartbeat()
+	ended, handed := false, false
+	end := func() {
+		if !ended {
+			ended = true
+			stopHeartbeat()
+			cancelT()
+			cancel(nil)
+		}
+	}
+	defer func() {
+		if !handed {
+			end()
+		}
+	}()
 
 	res, err := callOwner(tctx, f.fn, w)
 	// An answer returned before anything ended its context is whole: its local readers get
@@ -81,20 +99,33 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 		res.Head = *w.head
 	}
 	// The final write is made even when the flight context ended.
-	wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout(g))
-	defer wcancel()
+	wctx := context.WithoutCancel(ctx)
 	if err == nil && cause != nil {
 		err = cause
 	}
 	if err == nil && res.Outcome != Retry && res.Head.Status != 0 {
-		g.completeAttempt(wctx, f, o, w, res, stopHeartbeat)
+		handed = g.completeAttempt(wctx, f, o, w, res, end)
 		return attemptDone, res, nil
 	}
-	return attemptFailed, res, g.failAttempt(wctx, f, o, res, err, cause, stopHeartbeat)
+	handed, err = g.failAttempt(wctx, f, o, res, err, cause, end)
+	return attemptFailed, res, err
 }
 
-// completeAttempt makes an attempt's final write of a whole answer, then ends f with it.
-func (g *Group) completeAttempt(wctx context.Context, f *flight, o ownership, w *Writer, res Result, stopHeartbeat func()) {
+// goOn makes a final write again, after its caller was answered, while Redis does not
+// answer and the lease runs, then ends the attempt. A closing Group does not wait for it.
+func (g *Group) goOn(o ownership, key, op string, end func()) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		err := o.again(g.ctx)
+		end()
+		g.writeEnded(o, key, op, err)
+	}()
+}
+
+// completeAttempt makes an attempt's final write of a whole answer, then ends f with it;
+// handed says the write goes on after it (goOn).
+func (g *Group) completeAttempt(wctx context.Context, f *flight, o ownership, w *Writer, res Result, end func()) (handed bool) {
 	ttl := g.resultTTL(res)
 	store := res.Outcome == Store && ttl > 0
 	fin := final{head: res.Head, store: store, ttl: ttl}
@@ -110,7 +141,15 @@ func (g *Group) completeAttempt(wctx context.Context, f *flight, o ownership, w 
 	if g.hooks.completed != nil {
 		g.hooks.completed()
 	}
-	stopHeartbeat()
+	if o.goesOn() {
+		// Redis did not answer within one deadline: the callers here are answered now,
+		// and a caller that joins from now on looks again (ADRs 0021, 0056).
+		f.fenceAt(sent)
+		f.finish(res.Head, res.Body)
+		g.goOn(o, f.key, "complete", end)
+		return true
+	}
+	end()
 	// Refused, the write still leaves the local readers their whole answer (ADR 0027).
 	g.writeEnded(o, f.key, "complete", cerr)
 	// Fenced unless refused: a write whose reply was lost may have landed (ADR 0021).
@@ -118,10 +157,12 @@ func (g *Group) completeAttempt(wctx context.Context, f *flight, o ownership, w 
 		f.fenceAt(sent)
 	}
 	f.finish(res.Head, res.Body)
+	return false
 }
 
-// failAttempt makes the final write of a failed attempt, and returns why it failed.
-func (g *Group) failAttempt(wctx context.Context, f *flight, o ownership, res Result, err, cause error, stopHeartbeat func()) error {
+// failAttempt makes the final write of a failed attempt, and returns why it failed;
+// handed says the write goes on after it (goOn).
+func (g *Group) failAttempt(wctx context.Context, f *flight, o ownership, res Result, err, cause error, end func()) (handed bool, _ error) {
 	if err == nil {
 		err = fmt.Errorf("%w: no response", ErrFailed)
 		if res.Outcome == Retry && res.Head.Status != 0 {
@@ -135,8 +176,12 @@ func (g *Group) failAttempt(wctx context.Context, f *flight, o ownership, res Re
 		reason = "timeout"
 	}
 	ferr := o.fail(wctx, res, reason)
-	stopHeartbeat()
-	g.writeEnded(o, f.key, "fail", ferr)
+	if handed = o.goesOn(); handed {
+		g.goOn(o, f.key, "fail", end)
+	} else {
+		end()
+		g.writeEnded(o, f.key, "fail", ferr)
+	}
 	var lf *Result
 	if res.Head.Status != 0 {
 		lf = &res
@@ -144,7 +189,7 @@ func (g *Group) failAttempt(wctx context.Context, f *flight, o ownership, res Re
 		lf = &Result{} // no response: the leader's reader gets ErrFailed
 	}
 	f.resetGen(lf)
-	return err
+	return handed, err
 }
 
 // writeEnded acts on a final write's error or an append's refusal (ADRs 0009, 0011).
@@ -161,13 +206,6 @@ func (g *Group) writeEnded(o ownership, key, op string, err error) {
 	case errors.Is(err, ErrFlightGone):
 		g.observe(Event{Kind: EventFencedWrite, Key: key, Op: op, Err: ErrFlightGone})
 	}
-}
-
-func writeTimeout(g *Group) time.Duration {
-	if g.opts.LeaseTTL > time.Second {
-		return g.opts.LeaseTTL
-	}
-	return time.Second
 }
 
 // callOwner runs fn, turning a panic into an error so that no waiter is left hanging.

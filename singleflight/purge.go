@@ -236,12 +236,14 @@ func (r *remote) generation(ctx context.Context, ns string) (uint64, error) {
 	if g.degraded.Load() {
 		return 0, ErrGenerationUnknown
 	}
-	gen, err := g.opts.Redis.Get(ctx, g.nsKey(ns)).Uint64()
+	octx, cancel := r.opContext(ctx)
+	gen, err := g.opts.Redis.Get(octx, g.nsKey(ns)).Uint64()
+	cancel()
 	if errors.Is(err, redis.Nil) {
 		gen, err = 0, nil
 	}
 	if err != nil {
-		g.observe(Event{Kind: EventRedisError, Op: "namespace", Err: err})
+		r.redisErrAt("namespace", g.nsKey(ns), err)
 		if ok {
 			return e.gen, nil
 		}

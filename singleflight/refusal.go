@@ -1,7 +1,9 @@
 package singleflight
 
 import (
+	"context"
 	"errors"
+	"net"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -24,6 +26,12 @@ func unavailable(err error) bool {
 		return Refused(err) != NotRefused
 	}
 	return true
+}
+
+// timedOut reports whether err is a deadline that passed: a Redis that hangs.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // Refusal is how Redis refuses the proxy's configuration rather than one command: every

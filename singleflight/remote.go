@@ -114,11 +114,16 @@ func (r *remote) newToken(ctx context.Context) string {
 	r.seqMu.Lock()
 	defer r.seqMu.Unlock()
 	if (r.seqNext == 0 || r.seqNext > r.seqEnd) && time.Now().After(r.seqDownUntil) {
-		end, err := incrScript.Run(ctx, r.rdb, []string{r.seqKey()}, seqBlock, seqTTL.Milliseconds()).Int64()
+		octx, cancel := r.opContext(ctx)
+		end, err := incrScript.Run(octx, r.rdb, []string{r.seqKey()}, seqBlock, seqTTL.Milliseconds()).Int64()
+		cancel()
 		if err == nil {
 			r.seqNext, r.seqEnd = end-seqBlock+1, end
 		} else if !errors.Is(err, context.Canceled) {
 			r.g.observe(Event{Kind: EventRedisError, Op: "incr", Err: err})
+			if timedOut(err) { // a hung owner-seq shard trips; a refused owner-seq does not (ADR 0002)
+				r.degrade(r.shardOf(r.seqKey()), err)
+			}
 			r.seqDownUntil = time.Now().Add(time.Second) // not a dial timeout per new flight
 		}
 	}
@@ -135,6 +140,8 @@ func (r *remote) claim(ctx context.Context, key, token string, seen decision, fr
 	k := r.keys(key)
 	o := r.g.opts
 	sent := time.Now()
+	ctx, cancel := r.opContext(ctx)
+	defer cancel()
 	v, err := claimScript.Run(ctx, r.rdb, []string{k.meta, k.stream},
 		token, seen.token, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.MaxAttempts, flag(fresh),
 		seen.seen.state(), o.Linger.Milliseconds(), co.Route, co.Model).Slice()
@@ -146,15 +153,25 @@ func (r *remote) claim(ctx context.Context, key, token string, seen decision, fr
 
 // redisErr reports err; one that says Redis is unusable degrades key's shard (ADR 0022).
 func (r *remote) redisErr(op, key string, err error) error {
-	if errors.Is(err, context.Canceled) {
+	return r.redisErrAt(op, r.keys(key).meta, err)
+}
+
+// redisErrAt is redisErr for the server that holds the Redis key rkey.
+func (r *remote) redisErrAt(op, rkey string, err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, errShardDown) {
 		return err
 	}
 	r.g.observe(Event{Kind: EventRedisError, Op: op, Err: err})
 	if unavailable(err) {
-		r.degrade(r.shard(key), err)
+		r.degrade(r.shardOf(rkey), err)
 		r.reloadLayout()
 	}
 	return err
 }
 
 func (r *remote) name() string { return "redis" }
+
+// opContext bounds one Redis operation on a caller's path, retries included (ADR 0056).
+func (r *remote) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.g.opts.RedisTimeout)
+}

@@ -27,6 +27,12 @@ type remoteOwnership struct {
 	leaseFrom atomic.Int64
 	// finalPending: the final write is being made (ADR 0008).
 	finalPending atomic.Bool
+	// The final write, to be made again (again): its op and write, and how it last ended
+	// (raw: Redis's error; ferr: as the owner sees it).
+	op        string
+	write     func(context.Context) (int64, error)
+	wctx      context.Context
+	raw, ferr error
 }
 
 var monoStart = time.Now()
@@ -55,6 +61,8 @@ func (o *remoteOwnership) restoreArgs() []any {
 func (o *remoteOwnership) args(a ...any) []any { return append(a, o.restoreArgs()...) }
 
 func (o *remoteOwnership) remote() bool { return true }
+
+func (o *remoteOwnership) degraded() bool { return o.r.degradedFor(o.key) }
 
 func (o *remoteOwnership) abandon() { o.r.renewer.abandon(o.token) }
 
@@ -99,6 +107,8 @@ func (o *remoteOwnership) renewed(sent int64, v int64, err error) error {
 }
 
 func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, data []byte) error {
+	ctx, cancel := o.r.opContext(ctx)
+	defer cancel()
 	status, header := "", ""
 	if head != nil {
 		status, header = strconv.Itoa(head.Status), encodeHeader(head.Header)
@@ -116,8 +126,7 @@ func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, da
 
 func (o *remoteOwnership) complete(ctx context.Context, fin final) error {
 	opts := o.r.g.opts
-	o.finalPending.Store(true)
-	return o.final(ctx, "complete", func() (int64, error) {
+	return o.final(ctx, "complete", func(context.Context) (int64, error) { // the batch has its deadline
 		return o.r.batch.run(completeScript, []string{o.k.meta, o.k.stream, o.k.result},
 			o.args(o.token, fin.landedN, fin.skip, fin.head.Status, encodeHeader(fin.head.Header), fin.tail, fin.transcript,
 				flag(fin.store), fin.ttl.Milliseconds(), opts.Linger.Milliseconds())...).Int64()
@@ -129,26 +138,51 @@ func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) e
 	if res.Head.Status != 0 {
 		status = strconv.Itoa(res.Head.Status)
 	}
-	o.finalPending.Store(true)
-	return o.final(ctx, "fail", func() (int64, error) {
+	return o.final(ctx, "fail", func(ctx context.Context) (int64, error) {
+		ctx, cancel := o.r.opContext(ctx)
+		defer cancel()
 		return failScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream},
 			o.args(o.token, status, encodeHeader(res.Head.Header), res.Body, reason, o.r.runningTTL())...).Int64()
 	})
 }
 
-// final makes a final write, again every pollEvery while Redis does not answer and this
-// attempt's lease runs. See ADR 0024.
-func (o *remoteOwnership) final(ctx context.Context, op string, write func() (int64, error)) error {
-	for {
-		v, err := write()
-		ferr := o.fenced(op, v, err)
-		if err == nil || !unavailable(err) || ctx.Err() != nil || o.r.g.ctx.Err() != nil {
-			return ferr // a closing Group does not wait for Redis
-		}
-		from := o.leaseFrom.Load()
-		left := time.Duration(from + int64(o.r.g.opts.LeaseTTL) - mono(time.Now()))
-		if from == 0 || left <= 0 || !sleep(ctx, min(pollEvery, left)) {
-			return ferr
-		}
+// final makes a final write once (none while the flight's shard is degraded), and keeps
+// it to be made again (see again).
+func (o *remoteOwnership) final(ctx context.Context, op string, write func(context.Context) (int64, error)) error {
+	o.finalPending.Store(true)
+	o.op, o.write, o.wctx = op, write, ctx
+	return o.try()
+}
+
+func (o *remoteOwnership) try() error {
+	if o.r.degradedFor(o.key) {
+		o.raw, o.ferr = errShardDown, errShardDown
+		return o.ferr
 	}
+	v, err := o.write(o.wctx)
+	o.raw, o.ferr = err, o.fenced(o.op, v, err)
+	return o.ferr
+}
+
+// leaseLeft is how long the lease Redis last gave this attempt runs on.
+func (o *remoteOwnership) leaseLeft() time.Duration {
+	from := o.leaseFrom.Load()
+	if from == 0 {
+		return 0
+	}
+	return time.Duration(from + int64(o.r.g.opts.LeaseTTL) - mono(time.Now()))
+}
+
+// goesOn reports whether the final write is to be made again: Redis did not answer, and
+// this attempt's lease runs, so that no other owner can have taken the flight (ADR 0024).
+func (o *remoteOwnership) goesOn() bool {
+	return o.raw != nil && unavailable(o.raw) && o.leaseLeft() > 0 && o.r.g.ctx.Err() == nil
+}
+
+// again makes the final write again every pollEvery while goesOn, until ctx ends.
+func (o *remoteOwnership) again(ctx context.Context) error {
+	for o.goesOn() && sleep(ctx, min(pollEvery, o.leaseLeft())) {
+		o.try()
+	}
+	return o.ferr
 }

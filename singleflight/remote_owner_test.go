@@ -187,7 +187,7 @@ func TestOwnerKeepsItsCallWhenRedisLostFlightPastLease(t *testing.T) {
 // is stored.
 func TestStreamEndingDuringARedisRestartReachesFollowers(t *testing.T) {
 	srv := redistest.Start(t)
-	a, other, recA := restartPair(t, srv)
+	a, other := restartPair(t, srv)
 	key := uniqueKey()
 	s := newStreamer(3) // its last event waits for s.hold
 	ra, err := a.Do(key, false, s.fn)
@@ -204,7 +204,7 @@ func TestStreamEndingDuringARedisRestartReachesFollowers(t *testing.T) {
 		t.Fatalf("follower's first chunk: %v", err)
 	}
 
-	endDuringRestart(t, srv, recA, func() { close(s.hold) })
+	endDuringRestart(t, srv, a, func() { close(s.hold) })
 
 	want := s.transcript()
 	if out := readWithin(ra, 10*time.Second); out.err != nil || out.body != want {
@@ -219,10 +219,10 @@ func TestStreamEndingDuringARedisRestartReachesFollowers(t *testing.T) {
 // The same for a unary answer: the follower elsewhere gets it, and nobody calls again.
 func TestUnaryEndingDuringARedisRestartReachesFollowers(t *testing.T) {
 	srv := redistest.Start(t)
-	a, other, recA := restartPair(t, srv)
+	a, other := restartPair(t, srv)
 	rp, led, rb := ownAndFollow(t, a, other)
 
-	endDuringRestart(t, srv, recA, rp.release)
+	endDuringRestart(t, srv, a, rp.release)
 
 	for name, r := range map[string]*Reader{"owner": <-led, "follower": rb} {
 		if out := readWithin(r, 10*time.Second); out.err != nil || out.body != "call 1" {
@@ -234,25 +234,38 @@ func TestUnaryEndingDuringARedisRestartReachesFollowers(t *testing.T) {
 
 // restartPair is two instances of srv, their clients set up as the proxy's are, with a
 // lease long enough to outlast a restart.
-func restartPair(t *testing.T, srv *redistest.Server) (a, other *Group, recA *recorder) {
-	recA = newRecorder()
+func restartPair(t *testing.T, srv *redistest.Server) (a, other *Group) {
 	o := Options{LeaseTTL: 1500 * time.Millisecond, HeartbeatInterval: 300 * time.Millisecond, ResultTTL: time.Minute, BatchDelay: time.Millisecond}
 	oa, ob := o, o
-	oa.Observer = recA
 	oa.Redis, ob.Redis = productClient(t, srv), productClient(t, srv)
-	return backend{}.group(t, oa), backend{}.group(t, ob), recA
+	return backend{}.group(t, oa), backend{}.group(t, ob)
 }
 
-// endDuringRestart stops Redis, lets the owner's call end (end), and starts Redis again
-// (empty) once the owner's final write has failed.
-func endDuringRestart(t *testing.T, srv *redistest.Server, recA *recorder, end func()) {
+// endDuringRestart stops Redis, lets the owner's call on a end (end), and starts Redis
+// again (empty) once the owner's final write has been tried and has not landed.
+func endDuringRestart(t *testing.T, srv *redistest.Server, a *Group, end func()) {
 	t.Helper()
+	tried := finalWriteTried(a)
 	srv.Stop()
 	end()
-	recA.waitMatch(t, "the owner's final write fails", func(e Event) bool {
-		return e.Kind == EventRedisError && e.Op == "complete"
-	}, 5*time.Second)
+	waitTried(t, tried)
 	srv.Restart()
+}
+
+// finalWriteTried is closed once an owner of g has tried its first final write.
+func finalWriteTried(g *Group) <-chan struct{} {
+	tried := make(chan struct{})
+	g.hooks.completed = once(func() { close(tried) })
+	return tried
+}
+
+func waitTried(t *testing.T, tried <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-tried:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the owner's final write was not tried within 5s")
+	}
 }
 
 // wantStored checks that the one call's answer was stored.
@@ -316,11 +329,10 @@ func TestCompleteAfterARolledBackStreamLeavesNoHole(t *testing.T) {
 	}
 	close(step[0])
 	<-appended.ch // batch 2 landed, and the owner knows it
+	tried := finalWriteTried(a)
 	srv.Stop()
 	close(step[1])
-	recA.waitMatch(t, "the owner's final write fails", func(e Event) bool {
-		return e.Kind == EventRedisError && e.Op == "complete"
-	}, 5*time.Second)
+	waitTried(t, tried)
 	srv.Restart() // loads the snapshot: the flight running, batch 2 lost
 
 	owner := readWithin(ra, 10*time.Second)

@@ -276,7 +276,7 @@ func (rn *renewer) pipeline(ctx context.Context, batch []*renewal, alive bool, g
 func (rn *renewer) renew(batch []*renewal, alive bool, gone string) {
 	r := rn.r
 	g := r.g
-	ctx, cancel := context.WithTimeout(g.ctx, writeTimeout(g))
+	ctx, cancel := context.WithTimeout(g.ctx, max(g.opts.LeaseTTL, time.Second)) // off the callers' path
 	defer cancel()
 	sent := mono(time.Now())
 	cmds := rn.pipeline(ctx, batch, alive, gone)

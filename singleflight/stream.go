@@ -116,7 +116,9 @@ func decodeEntry(p string) (entry, bool) {
 func (r *remote) readAfter(ctx context.Context, stream, id string) ([]entry, error) {
 	var out []entry
 	for {
-		streams, err := r.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{stream, id}, Count: 512, Block: -1}).Result()
+		octx, cancel := r.opContext(ctx)
+		streams, err := r.rdb.XRead(octx, &redis.XReadArgs{Streams: []string{stream, id}, Count: 512, Block: -1}).Result()
+		cancel()
 		if errors.Is(err, redis.Nil) {
 			return out, nil
 		}

@@ -142,6 +142,10 @@ func (w *Writer) flush() bool {
 			w.mu.Unlock()
 			return false
 		}
+		if w.closed && w.o.degraded() {
+			w.mu.Unlock()
+			return true // what is left goes with the final write (ADR 0056)
+		}
 		b := w.inflight
 		if b == nil {
 			if len(w.pending) == 0 {
@@ -157,9 +161,7 @@ func (w *Writer) flush() bool {
 		}
 		w.mu.Unlock()
 
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), writeTimeout(w.g))
-		err := w.o.appendBatch(ctx, b.n, b.head, b.data)
-		cancel()
+		err := w.o.appendBatch(context.WithoutCancel(w.ctx), b.n, b.head, b.data)
 
 		w.mu.Lock()
 		switch {

@@ -67,6 +67,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		ResultTTL:         cfg.Flight.ResultTTL,
 		Linger:            cfg.Flight.Linger,
 		Timeout:           cfg.Upstream.Timeout,
+		RedisTimeout:      cfg.Redis.ReadTimeout,
 		BatchDelay:        cfg.Flight.StreamBatchDelay,
 		BatchBytes:        cfg.Flight.StreamBatchBytes,
 		StreamMaxLen:      int(cfg.Flight.StreamMaxLen),
@@ -159,7 +160,11 @@ func newRedis(c RedisConfig, tlsCfg *tls.Config) redis.UniversalClient {
 		ReadTimeout:  c.ReadTimeout,
 		WriteTimeout: c.ReadTimeout,
 		PoolSize:     c.PoolSize,
-		MaxRetries:   2,
+		// One deadline per operation, retries included, also cuts a read in progress;
+		// a wait for a pooled connection ends sooner, and does not trip (ADR 0056).
+		ContextTimeoutEnabled: true,
+		PoolTimeout:           c.ReadTimeout / 2,
+		MaxRetries:            2,
 		// One dial per attempt: go-redis's default (5 dials, 100 ms apart) made the first
 		// requests after Redis died wait over a second before the instance degraded.
 		DialerRetries: 1,
