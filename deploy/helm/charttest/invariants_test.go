@@ -445,44 +445,54 @@ func TestServicesExposeWhatTheValuesSay(t *testing.T) {
 // TestNetworkPolicyOpensOnlyTheNamedPorts: every rule names its ports (a rule without ports
 // opens them all), and the admin port is only reachable from the peers the values name.
 func TestNetworkPolicyOpensOnlyTheNamedPorts(t *testing.T) {
-	forEachSet(t, func(t *testing.T, p *proxyParts) {
-		np := find[networkingv1.NetworkPolicy](p.r, fullname)
-		if np == nil {
-			return
-		}
-		if !selects(t, &np.Spec.PodSelector, p.podLabels()) {
-			t.Error("the NetworkPolicy does not select the proxy's pods")
-		}
-		var http bool
-		for _, rule := range np.Spec.Ingress {
-			if len(rule.Ports) == 0 {
-				t.Error("an ingress rule without ports opens every port")
-			}
-			for _, port := range rule.Ports {
-				switch port.Port.String() {
-				case "http":
-					http = true
-				case "admin":
-					if len(rule.From) == 0 {
-						t.Error("the admin port is open to everyone")
-					}
-				default:
-					t.Errorf("unexpected port %s", port.Port.String())
-				}
-			}
-		}
-		if !http {
-			t.Error("the http port is closed: clients and Prometheus could not reach it")
-		}
-		if redis := find[networkingv1.NetworkPolicy](p.r, fullname+"-redis"); redis != nil {
-			if len(redis.Spec.Ingress) != 1 || len(redis.Spec.Ingress[0].From) != 1 ||
-				!selects(t, redis.Spec.Ingress[0].From[0].PodSelector, p.podLabels()) {
-				t.Error("the in-chart Redis is open to more than the proxy's pods")
-			}
-		} else if find[appsv1.Deployment](p.r, fullname+"-redis") != nil {
-			t.Error("the in-chart Redis has no NetworkPolicy while the proxy has one")
-		}
+	forEachSet(t, checkNetworkPolicy)
+	t.Run("admin API on, no peer named", func(t *testing.T) {
+		vals := readValues(t, "existing-secret")
+		vals["networkPolicy"] = map[string]any{"enabled": true}
+		p := proxyOf(t, newRelease(t, "admin-closed", vals))
+		must[networkingv1.NetworkPolicy](t, p.r, fullname)
+		checkNetworkPolicy(t, p)
 	})
+}
+
+func checkNetworkPolicy(t *testing.T, p *proxyParts) {
+	t.Helper()
+	np := find[networkingv1.NetworkPolicy](p.r, fullname)
+	if np == nil {
+		return
+	}
+	if !selects(t, &np.Spec.PodSelector, p.podLabels()) {
+		t.Error("the NetworkPolicy does not select the proxy's pods")
+	}
+	var http bool
+	for _, rule := range np.Spec.Ingress {
+		if len(rule.Ports) == 0 {
+			t.Error("an ingress rule without ports opens every port")
+		}
+		for _, port := range rule.Ports {
+			switch port.Port.String() {
+			case "http":
+				http = true
+			case "admin":
+				if len(rule.From) == 0 {
+					t.Error("the admin port is open to everyone")
+				}
+			default:
+				t.Errorf("unexpected port %s", port.Port.String())
+			}
+		}
+	}
+	if !http {
+		t.Error("the http port is closed: clients and Prometheus could not reach it")
+	}
+	if redis := find[networkingv1.NetworkPolicy](p.r, fullname+"-redis"); redis != nil {
+		if len(redis.Spec.Ingress) != 1 || len(redis.Spec.Ingress[0].From) != 1 ||
+			!selects(t, redis.Spec.Ingress[0].From[0].PodSelector, p.podLabels()) {
+			t.Error("the in-chart Redis is open to more than the proxy's pods")
+		}
+	} else if find[appsv1.Deployment](p.r, fullname+"-redis") != nil {
+		t.Error("the in-chart Redis has no NetworkPolicy while the proxy has one")
+	}
 }
 
 // TestDisruptionBudgetLetsNodesDrain: the budget covers the proxy's pods and always lets one
