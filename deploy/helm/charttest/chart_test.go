@@ -35,7 +35,7 @@ const (
 	fullname = "prod-llm-dedupe-proxy"
 	// kubeVersion is the oldest Kubernetes the chart supports (Chart.yaml kubeVersion); the
 	// API types it is decoded with are k8s.io/api's, of a newer one, which keeps every field.
-	kubeVersion = "v1.30.0"
+	kubeVersion = "v1.27.0"
 )
 
 // valueSets are the files in testdata/values, each a way to install the chart.
