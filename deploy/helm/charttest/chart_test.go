@@ -6,6 +6,7 @@
 package charttest
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"sort"
@@ -23,6 +24,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
 
@@ -147,7 +149,7 @@ func decode(t *testing.T, files map[string]string) []object {
 			if o == nil {
 				t.Fatalf("%s: unexpected %s %s", name, tm.APIVersion, tm.Kind)
 			}
-			if err := yaml.UnmarshalStrict([]byte(doc), o); err != nil {
+			if err := decodeStrict([]byte(doc), o); err != nil {
 				t.Fatalf("%s: %s does not decode strictly: %v\n%s", name, tm.Kind, err, doc)
 			}
 			meta := o.(metav1.Object)
@@ -155,6 +157,21 @@ func decode(t *testing.T, files map[string]string) []object {
 		}
 	}
 	return out
+}
+
+// decodeStrict decodes a YAML document into o as the API server does with strict field
+// validation: field names are case-sensitive, and a field o's type lacks or a field given
+// twice is an error.
+func decodeStrict(doc []byte, o any) error {
+	j, err := yaml.YAMLToJSONStrict(doc)
+	if err != nil {
+		return err
+	}
+	strict, err := sigsjson.UnmarshalStrict(j, o, sigsjson.DisallowDuplicateFields, sigsjson.DisallowUnknownFields)
+	if err != nil {
+		return err
+	}
+	return errors.Join(strict...)
 }
 
 // release is a rendered value set.
