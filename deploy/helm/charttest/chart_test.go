@@ -24,6 +24,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
@@ -246,4 +247,31 @@ func TestRenderEveryValueSet(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestObjectsAreNamedAndLabelledValidly(t *testing.T) {
+	forEachSet(t, func(t *testing.T, p *proxyParts) {
+		for _, o := range p.r.objs {
+			m := o.obj.(metav1.Object)
+			if errs := validation.IsDNS1123Subdomain(m.GetName()); len(errs) > 0 {
+				t.Errorf("%s %s: name: %v", o.kind, o.name, errs)
+			}
+			if o.kind == "Service" {
+				if errs := validation.IsDNS1035Label(m.GetName()); len(errs) > 0 {
+					t.Errorf("Service %s: name: %v", o.name, errs)
+				}
+			}
+			if m.GetNamespace() != "" {
+				t.Errorf("%s %s: namespace %q set; the release's is used", o.kind, o.name, m.GetNamespace())
+			}
+			for k, v := range m.GetLabels() {
+				if errs := append(validation.IsQualifiedName(k), validation.IsValidLabelValue(v)...); len(errs) > 0 {
+					t.Errorf("%s %s: label %s=%s: %v", o.kind, o.name, k, v, errs)
+				}
+			}
+			if got := m.GetLabels()["app.kubernetes.io/instance"]; got != releaseName {
+				t.Errorf("%s %s: app.kubernetes.io/instance = %q; want %q", o.kind, o.name, got, releaseName)
+			}
+		}
+	})
 }

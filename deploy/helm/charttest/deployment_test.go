@@ -1,155 +1,20 @@
 package charttest
 
 import (
-	"net"
 	"path"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/util/validation"
-	"sigs.k8s.io/yaml"
 )
 
-// The invariants below hold for every value set: each test renders them all.
-
-// proxyConfig is the part of the rendered config.yaml the invariants read.
-type proxyConfig struct {
-	Listen   string `json:"listen"`
-	Upstream struct {
-		APIKey string `json:"api_key"`
-	} `json:"upstream"`
-	Redis struct {
-		Addrs      []string `json:"addrs"`
-		MasterName string   `json:"master_name"`
-		Password   string   `json:"password"`
-		TLS        bool     `json:"tls"`
-		TLSCAFile  string   `json:"tls_ca_file"`
-	} `json:"redis"`
-	Admin struct {
-		Listen string `json:"listen"`
-		Token  string `json:"token"`
-	} `json:"admin"`
-	ShutdownDelay   string `json:"shutdown_delay"`
-	ShutdownTimeout string `json:"shutdown_timeout"`
-}
-
-// proxyParts are the objects of a release that make up the proxy.
-type proxyParts struct {
-	r         *release
-	dep       *appsv1.Deployment
-	pod       *corev1.PodSpec
-	container *corev1.Container
-	cm        *corev1.ConfigMap
-	cfgText   string
-	cfg       proxyConfig
-}
-
-func proxyOf(t *testing.T, r *release) *proxyParts {
-	t.Helper()
-	p := &proxyParts{r: r, dep: must[appsv1.Deployment](t, r, fullname)}
-	p.pod = &p.dep.Spec.Template.Spec
-	for i := range p.pod.Containers {
-		if p.pod.Containers[i].Name == "proxy" {
-			p.container = &p.pod.Containers[i]
-		}
-	}
-	if p.container == nil {
-		t.Fatal("the Deployment has no container named proxy")
-	}
-	p.cm = must[corev1.ConfigMap](t, r, fullname)
-	p.cfgText = p.cm.Data["config.yaml"]
-	// Not strict: proxyConfig holds only what the invariants read; the proxy's own check
-	// (TestRenderedConfigPassesTheProxysCheck) refuses unknown keys.
-	if err := yaml.Unmarshal([]byte(p.cfgText), &p.cfg); err != nil {
-		t.Fatalf("config.yaml: %v", err)
-	}
-	return p
-}
-
-// podLabels are the labels of the proxy's pods.
-func (p *proxyParts) podLabels() labels.Set { return p.dep.Spec.Template.Labels }
-
-func selects(t *testing.T, sel *metav1.LabelSelector, set labels.Set) bool {
-	t.Helper()
-	s, err := metav1.LabelSelectorAsSelector(sel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return !s.Empty() && s.Matches(set)
-}
-
-// containerPort returns the port of the container named name, or 0.
-func containerPort(c *corev1.Container, name string) int32 {
-	for _, p := range c.Ports {
-		if p.Name == name {
-			return p.ContainerPort
-		}
-	}
-	return 0
-}
-
-func listenPort(t *testing.T, key, addr string) int32 {
-	t.Helper()
-	_, port, err := net.SplitHostPort(addr)
-	n, perr := strconv.Atoi(port)
-	if err != nil || perr != nil {
-		t.Fatalf("config %s = %q: not host:port", key, addr)
-	}
-	return int32(n)
-}
-
-func duration(t *testing.T, key, s string) time.Duration {
-	t.Helper()
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		t.Fatalf("config %s = %q: %v", key, s, err)
-	}
-	return d
-}
-
-func forEachSet(t *testing.T, check func(t *testing.T, p *proxyParts)) {
-	for _, set := range valueSets {
-		t.Run(set, func(t *testing.T) { check(t, proxyOf(t, renderSet(t, set))) })
-	}
-}
-
-func TestObjectsAreNamedAndLabelledValidly(t *testing.T) {
-	forEachSet(t, func(t *testing.T, p *proxyParts) {
-		for _, o := range p.r.objs {
-			m := o.obj.(metav1.Object)
-			if errs := validation.IsDNS1123Subdomain(m.GetName()); len(errs) > 0 {
-				t.Errorf("%s %s: name: %v", o.kind, o.name, errs)
-			}
-			if o.kind == "Service" {
-				if errs := validation.IsDNS1035Label(m.GetName()); len(errs) > 0 {
-					t.Errorf("Service %s: name: %v", o.name, errs)
-				}
-			}
-			if m.GetNamespace() != "" {
-				t.Errorf("%s %s: namespace %q set; the release's is used", o.kind, o.name, m.GetNamespace())
-			}
-			for k, v := range m.GetLabels() {
-				if errs := append(validation.IsQualifiedName(k), validation.IsValidLabelValue(v)...); len(errs) > 0 {
-					t.Errorf("%s %s: label %s=%s: %v", o.kind, o.name, k, v, errs)
-				}
-			}
-			if got := m.GetLabels()["app.kubernetes.io/instance"]; got != releaseName {
-				t.Errorf("%s %s: app.kubernetes.io/instance = %q; want %q", o.kind, o.name, got, releaseName)
-			}
-		}
-	})
-}
+// The Deployment, its pods and what they read. Every test checks every value set.
 
 func TestDeploymentRunsSpreadReplicas(t *testing.T) {
 	forEachSet(t, func(t *testing.T, p *proxyParts) {
@@ -415,86 +280,6 @@ func TestRedisIsTheOneTheValuesName(t *testing.T) {
 	})
 }
 
-// TestServicesExposeWhatTheValuesSay: the clients' Service exposes the API port only; the
-// admin port has a Service of its own, only with the admin API on.
-func TestServicesExposeWhatTheValuesSay(t *testing.T) {
-	forEachSet(t, func(t *testing.T, p *proxyParts) {
-		api := must[corev1.Service](t, p.r, fullname)
-		if !selects(t, &metav1.LabelSelector{MatchLabels: api.Spec.Selector}, p.podLabels()) {
-			t.Error("the Service does not select the proxy's pods")
-		}
-		if len(api.Spec.Ports) != 1 || api.Spec.Ports[0].TargetPort != intstr.FromString("http") {
-			t.Errorf("Service ports %+v; want the http port alone", api.Spec.Ports)
-		}
-		admin := find[corev1.Service](p.r, fullname+"-admin")
-		hasAdmin := containerPort(p.container, "admin") != 0
-		switch {
-		case hasAdmin != (admin != nil):
-			t.Errorf("admin port %v, admin Service %v", hasAdmin, admin != nil)
-		case admin != nil:
-			if len(admin.Spec.Ports) != 1 || admin.Spec.Ports[0].TargetPort != intstr.FromString("admin") {
-				t.Errorf("admin Service ports %+v; want the admin port alone", admin.Spec.Ports)
-			}
-			if admin.Spec.Type != corev1.ServiceTypeClusterIP {
-				t.Errorf("admin Service type %s; want ClusterIP", admin.Spec.Type)
-			}
-		}
-	})
-}
-
-// TestNetworkPolicyOpensOnlyTheNamedPorts: every rule names its ports (a rule without ports
-// opens them all), and the admin port is only reachable from the peers the values name.
-func TestNetworkPolicyOpensOnlyTheNamedPorts(t *testing.T) {
-	forEachSet(t, checkNetworkPolicy)
-	t.Run("admin API on, no peer named", func(t *testing.T) {
-		vals := readValues(t, "existing-secret")
-		vals["networkPolicy"] = map[string]any{"enabled": true}
-		p := proxyOf(t, newRelease(t, "admin-closed", vals))
-		must[networkingv1.NetworkPolicy](t, p.r, fullname)
-		checkNetworkPolicy(t, p)
-	})
-}
-
-func checkNetworkPolicy(t *testing.T, p *proxyParts) {
-	t.Helper()
-	np := find[networkingv1.NetworkPolicy](p.r, fullname)
-	if np == nil {
-		return
-	}
-	if !selects(t, &np.Spec.PodSelector, p.podLabels()) {
-		t.Error("the NetworkPolicy does not select the proxy's pods")
-	}
-	var http bool
-	for _, rule := range np.Spec.Ingress {
-		if len(rule.Ports) == 0 {
-			t.Error("an ingress rule without ports opens every port")
-		}
-		for _, port := range rule.Ports {
-			switch port.Port.String() {
-			case "http":
-				http = true
-			case "admin":
-				if len(rule.From) == 0 {
-					t.Error("the admin port is open to everyone")
-				}
-			default:
-				t.Errorf("unexpected port %s", port.Port.String())
-			}
-		}
-	}
-	if !http {
-		t.Error("the http port is closed: clients and Prometheus could not reach it")
-	}
-	if redis := find[networkingv1.NetworkPolicy](p.r, fullname+"-redis"); redis != nil {
-		if len(redis.Spec.Ingress) != 1 || len(redis.Spec.Ingress[0].From) != 1 ||
-			!selects(t, redis.Spec.Ingress[0].From[0].PodSelector, p.podLabels()) {
-			t.Error("the in-chart Redis is open to more than the proxy's pods")
-		}
-	} else if find[appsv1.Deployment](p.r, fullname+"-redis") != nil {
-		t.Error("the in-chart Redis has no NetworkPolicy while the proxy has one")
-	}
-}
-
 // TestDisruptionBudgetLetsNodesDrain: the budget covers the proxy's pods and always lets one
 // go, so that a node drain neither takes them all nor hangs.
 func TestDisruptionBudgetLetsNodesDrain(t *testing.T) {
@@ -520,32 +305,6 @@ func TestDisruptionBudgetLetsNodesDrain(t *testing.T) {
 			}
 		default:
 			t.Error("neither maxUnavailable nor minAvailable")
-		}
-	})
-}
-
-// TestServiceMonitorScrapesTheAPIService: it selects the clients' Service, whose port it
-// names, and not the admin one.
-func TestServiceMonitorScrapesTheAPIService(t *testing.T) {
-	forEachSet(t, func(t *testing.T, p *proxyParts) {
-		sm := find[monitoringv1.ServiceMonitor](p.r, fullname)
-		if sm == nil {
-			return
-		}
-		var selected []string
-		for _, svc := range all[corev1.Service](p.r) {
-			if selects(t, &sm.Spec.Selector, svc.Labels) {
-				selected = append(selected, svc.Name)
-			}
-		}
-		if len(selected) != 1 || selected[0] != fullname {
-			t.Errorf("the ServiceMonitor selects %q; want [%s]", selected, fullname)
-		}
-		if len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != "http" || sm.Spec.Endpoints[0].Path != "/metrics" {
-			t.Errorf("endpoints %+v; want /metrics on port http", sm.Spec.Endpoints)
-		}
-		if ns := sm.Spec.NamespaceSelector.MatchNames; len(ns) != 1 || ns[0] != namespace {
-			t.Errorf("namespaces %q; want [%s]", ns, namespace)
 		}
 	})
 }
