@@ -3,10 +3,18 @@
 VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: test deps fmt-check vet build run bench
+.PHONY: test deps fmt-check vet chart-test build run bench
 
 test: deps fmt-check vet
 	go test -race -count=1 ./...
+	$(MAKE) --no-print-directory chart-test
+
+# The Helm chart's tests: lint, render over several value sets, strict decoding with the
+# Kubernetes API types, the rendered configuration through the proxy's own check, promtool
+# on the alerts. A module of its own (deploy/helm/charttest; see docs/adr/0053-helm-chart.md),
+# which `go test ./...` at the root does not enter.
+chart-test:
+	cd deploy/helm/charttest && go vet ./... && go test -count=1 ./...
 
 deps:
 	bash scripts/ensure-deps.sh

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure the programs the test suite runs besides Go are installed: redis-server for the
 # tests that use a real Redis; for the end-to-end suite (e2e/) also prometheus and promtool
-# (a real Prometheus scrapes the proxies; promtool checks deploy/prometheus/prometheus.yml)
-# and node with npm (the official Node SDK is installed with npm during the run). Installs
+# (a real Prometheus scrapes the proxies; promtool checks deploy/prometheus/prometheus.yml,
+# and the Helm chart's alert rules in deploy/helm/charttest) and node with npm (the official Node SDK is installed with npm during the run). Installs
 # what is missing with apt-get when it can (root on Debian or Ubuntu); otherwise says how,
 # and fails.
 set -euo pipefail
