@@ -151,3 +151,84 @@ func TestFlightsGoLocalWhileRedisIsDownThenDedupeResumes(t *testing.T) {
 		t.Fatalf("after recovery %d calls; want 1 (distributed dedupe resumed)", rp2.calls.Load())
 	}
 }
+
+// TestParkedFollowerInAClusterTakesOverWhenItsShardDies: in a Cluster the owner instance's
+// alive messages go on while the master of one flight is dead (they speak for the whole
+// instance, and it owns flights on other masters). A follower parked on that flight, on
+// an instance with no command to send to that master, is answered within a few leases,
+// not when the owner's hard timeout would end its trust.
+func TestParkedFollowerInAClusterTakesOverWhenItsShardDies(t *testing.T) {
+	c := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3, PartialCoverage: true})
+	o := Options{LeaseTTL: time.Second, HeartbeatInterval: 100 * time.Millisecond, TakeoverJitter: 20 * time.Millisecond}
+	group := func(name string) *Group {
+		oc := o
+		oc.Redis = redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ClientName: name, ReadTimeout: time.Second,
+			ContextTimeoutEnabled: true, MaxRetries: 1, DialerRetries: 1})
+		g := New(oc)
+		t.Cleanup(func() { g.Close(context.Background()); oc.Redis.Close() })
+		<-g.Listening()
+		return g
+	}
+	a, f := group("owner"), group("follower")
+	masters, err := c.Masters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The master of F's pub/sub connection stays up: F has nothing to send to the dead one.
+	var subNode *redistest.Server
+	for _, m := range masters {
+		list, err := m.Client().ClientList(context.Background()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(list, "\n") {
+			if strings.Contains(line, "name=follower") && strings.Contains(line, "cmd=subscribe") {
+				subNode = m
+			}
+		}
+	}
+	if subNode == nil {
+		for _, m := range masters {
+			list, _ := m.Client().ClientList(context.Background()).Result()
+			t.Log(list)
+		}
+		t.Fatal("F's pub/sub connection not found")
+	}
+	keyOn := func(pred func(*redistest.Server) bool) string {
+		for i := 0; ; i++ {
+			k := fmt.Sprintf("%064x", i)
+			if m, err := c.MasterOf(a.rem().keys(k).meta); err == nil && pred(m) {
+				return k
+			}
+		}
+	}
+	dead := masters[0]
+	for _, m := range masters {
+		if m != subNode {
+			dead = m
+		}
+	}
+	doomed := keyOn(func(m *redistest.Server) bool { return m == dead })
+	other := keyOn(func(m *redistest.Server) bool { return m != dead })
+	held := []*reply{newReply("doomed"), newReply("other")}
+	defer held[0].release()
+	defer held[1].release()
+	for i, k := range []string{doomed, other} {
+		r, err := a.Do(k, false, held[i].fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+	}
+	waitCond(t, 10*time.Second, "owners running", func() bool { return a.Owned() == 2 })
+	local := newReply("local")
+	local.release()
+	r := followEach(t, f, []string{doomed}, local.fn)[0]
+	waitCond(t, 10*time.Second, "the follower's channel confirmed", func() bool {
+		return f.rem().wake.unconfirmedSince(f.rem().keys(doomed).stream).IsZero()
+	})
+	c.Kill(dead)
+	if out := readWithin(r, 4*o.LeaseTTL+2*time.Second); out.err != nil || out.body != "local" {
+		t.Fatalf("follower of the dead master's flight got (%q, %v, %v); want the local call's answer within a few leases", out.body, out.role, out.err)
+	}
+}
