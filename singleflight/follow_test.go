@@ -143,7 +143,10 @@ func TestFollowerTakesOverWhenOwnerFallsSilent(t *testing.T) {
 	for range 3 {
 		<-heard
 	}
-	waitCond(t, 5*time.Second, "alive recorded", func() bool { return !fg.rem().wake.aliveUntil(channel).IsZero() })
+	waitCond(t, 5*time.Second, "alive recorded", func() bool {
+		until, _ := fg.rem().wake.aliveUntil(channel, "")
+		return !until.IsZero()
+	})
 	<-heard
 	silence()
 	start := time.Now()

@@ -33,11 +33,13 @@ func (fw *follower) lookAt() (at time.Time, byAlive bool) {
 	if fw.alive == nil || fw.trustUntil.IsZero() || r.sharded() && r.degradedFor(fw.l.f.key) {
 		return at, false // a Cluster's alive messages say nothing of a down shard (ADR 0023)
 	}
-	until := r.wake.aliveUntil(fw.alive.channel)
+	// moving: until moves with each alive message, and the hub wakes the follower when they
+	// stop; a bound below it does not move, and needs a timer.
+	until, moving := r.wake.aliveUntil(fw.alive.channel, fw.l.pos.token)
 	if since := r.wake.unconfirmedSince(fw.stream); !since.IsZero() && since.Add(r.g.opts.LeaseTTL).Before(until) {
 		// Alive messages heard while the flight's own channel is not known to hold put its
 		// look-up off no further than a lease (ADR 0055).
-		until = since.Add(r.g.opts.LeaseTTL)
+		until, moving = since.Add(r.g.opts.LeaseTTL), false
 	}
 	if !until.After(time.Now()) || !until.Add(-r.g.opts.LeaseTTL).After(fw.since) {
 		return at, false // silent for a lease: only the deadline counts
@@ -47,7 +49,7 @@ func (fw *follower) lookAt() (at time.Time, byAlive bool) {
 		ext = fw.trustUntil
 	}
 	if ext.After(at) {
-		return ext, until.Before(fw.trustUntil)
+		return ext, moving && until.Before(fw.trustUntil)
 	}
 	return at, false
 }

@@ -215,6 +215,15 @@ func TestAliveMessagesPutOffNoLookOfAnUnconfirmedChannel(t *testing.T) {
 	if at, byAlive := fw.lookAt(); byAlive || !at.Equal(fw.deadline) {
 		t.Fatalf("unconfirmed for two leases: look at %v (by alive %v); want the deadline %v", at, byAlive, fw.deadline)
 	}
+	// Unconfirmed since a moment after the wait began, before the message was heard: the
+	// message counts up to then, and no further message moves it.
+	since := fw.since.Add(time.Nanosecond)
+	hub.mu.Lock()
+	hub.pending[stream] = unconfirmed{since: since, sent: since}
+	hub.mu.Unlock()
+	if at, byAlive := fw.lookAt(); byAlive || !at.Equal(since.Add(time.Second)) {
+		t.Fatalf("unconfirmed since %v: look at %v (by alive %v); want a lease after it, by a timer", since, at, byAlive)
+	}
 	hub.mu.Lock()
 	delete(hub.pending, stream) // Redis confirmed it
 	hub.mu.Unlock()

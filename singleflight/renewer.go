@@ -21,7 +21,9 @@ type renewer struct {
 	mu    sync.Mutex
 	owned map[*renewal]struct{}
 	// gone: tokens stopped without a final write, said until their time (ADR 0011).
-	gone    map[string]time.Time
+	gone map[string]time.Time
+	// stale: tokens whose last renewal failed, said as such until one lands (ADR 0057).
+	stale   map[string]struct{}
 	started bool
 }
 
@@ -47,7 +49,7 @@ func (rl *renewal) notRenewedSince(t int64) bool {
 }
 
 func newRenewer(r *remote) *renewer {
-	return &renewer{r: r, owned: map[*renewal]struct{}{}, gone: map[string]time.Time{}}
+	return &renewer{r: r, owned: map[*renewal]struct{}{}, gone: map[string]time.Time{}, stale: map[string]struct{}{}}
 }
 
 // abandon has the alive messages say token gone: its final write failed (ADR 0009).
@@ -72,6 +74,7 @@ func (rn *renewer) add(ctx context.Context, o *remoteOwnership, cancel context.C
 	return sync.OnceFunc(func() {
 		rn.mu.Lock()
 		delete(rn.owned, rl)
+		delete(rn.stale, o.token)
 		rn.mu.Unlock()
 	})
 }
@@ -188,6 +191,9 @@ func (rn *renewer) due(now time.Time) (batch, later []*renewal, by time.Time, go
 		batch = append(batch, rl)
 	}
 	var say []string
+	for token := range rn.stale {
+		say = append(say, staleMark+token)
+	}
 	for token, until := range rn.gone {
 		if until.After(now) {
 			say = append(say, token)
@@ -306,6 +312,13 @@ func (rn *renewer) renew(batch []*renewal, alive bool, gone string) {
 	for i, rl := range batch {
 		v, err := cmds[i].Int64()
 		err = rl.o.renewed(sent, v, err)
+		rn.mu.Lock()
+		if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrFlightGone) && rl.ctx.Err() == nil {
+			rn.stale[rl.o.token] = struct{}{}
+		} else {
+			delete(rn.stale, rl.o.token)
+		}
+		rn.mu.Unlock()
 		switch {
 		case errors.Is(err, ErrLeaseLost):
 			rl.cancel(ErrLeaseLost)
