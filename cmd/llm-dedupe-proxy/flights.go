@@ -17,14 +17,15 @@ import (
 // flights prints the flights in progress, as GET /admin/flights of the running proxy (at
 // admin.listen, with admin.token) answers them: on every instance with Redis.
 func (a *app) flights(args []string) int {
-	fs, cf := a.flagSet("flights", "flights [flags]")
+	c := lookupCommand("flights")
+	fs, cf := a.flagSet(c)
 	limit := fs.Int("limit", 1000, "most flights to list (1 to 10000)")
 	asJSON := fs.Bool("json", false, "print the admin API's JSON as it came")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
-	if code, done := a.parse(fs, args, 0); done {
+	if code, done := a.parse(c, fs, args, 0); done {
 		return code
 	}
-	cfg, err := cf.load(a.getenv)
+	cfg, err := cf.load(a.env)
 	if err != nil {
 		return a.invalidConfig(err)
 	}

@@ -29,15 +29,16 @@ func (h headerFlags) Set(s string) error {
 // a user can see why two requests did or did not deduplicate. The scope and the ignored fields
 // come from the configuration, like the server's.
 func (a *app) key(args []string) int {
-	fs, cf := a.flagSet("key", "key [flags] [FILE|-]\n\nReads the body from FILE, or from standard input when FILE is - or missing.")
-	path := fs.String("path", "/v1/chat/completions", "the request `path` (method POST)")
-	auth := fs.String("authorization", "", "the client's Authorization header `value`, which the credential scope hashes")
+	c := lookupCommand("key")
+	fs, cf := a.flagSet(c)
+	path := fs.String("path", "/v1/chat/completions", "the request's `PATH` (method POST)")
+	auth := fs.String("authorization", "", "the client's Authorization header `VALUE` (\"Bearer sk-…\"), which the credential scope hashes")
 	header := headerFlags{}
-	fs.Var(header, "header", "another request header, as \"Name: value\", for a header:NAME scope (repeatable)")
-	if code, done := a.parse(fs, args, 1); done {
+	fs.Var(header, "header", "a request header, as `\"Name: value\"` (repeatable), for a header:NAME scope")
+	if code, done := a.parse(c, fs, args, 1); done {
 		return code
 	}
-	cfg, err := cf.load(a.getenv)
+	cfg, err := cf.load(a.env)
 	if err != nil {
 		return a.invalidConfig(err)
 	}

@@ -15,13 +15,15 @@ import (
 
 // serve runs the HTTP server until ctx ends, then shuts it down gracefully: requests in
 // progress get shutdown_timeout to finish. Status 0 when all of them did.
-func (a *app) serve(ctx context.Context, args []string) int {
-	fs, cf := a.flagSet("serve", "[serve] [flags]")
-	printCfg := fs.Bool("print-config", false, "print the effective configuration, secrets redacted, and exit")
-	if code, done := a.parse(fs, args, 0); done {
+func (a *app) serve(args []string) int {
+	ctx := a.ctx
+	c := lookupCommand("serve")
+	fs, cf := a.flagSet(c)
+	printCfg := fs.Bool("print-config", false, "print the configuration in effect, secrets redacted, and exit")
+	if code, done := a.parse(c, fs, args, 0); done {
 		return code
 	}
-	cfg, err := cf.load(a.getenv)
+	cfg, err := cf.load(a.env)
 	if err != nil {
 		return a.invalidConfig(err)
 	}
@@ -34,9 +36,6 @@ func (a *app) serve(ctx context.Context, args []string) int {
 	}
 
 	logger := newLogger(a.stderr, cfg.Log)
-	for _, name := range unknownEnv(a.environ()) {
-		logger.Warn("unknown environment variable ignored: it names no configuration key", "name", name)
-	}
 	defer startPprof(a, logger)()
 	wired, err := wire(cfg, logger)
 	if err != nil {

@@ -30,7 +30,7 @@ func startServeLogs(t *testing.T, args ...string) (string, func() int, <-chan st
 	done := make(chan int, 1)
 	go func() {
 		args := append([]string{"serve", "--listen=127.0.0.1:0", "--log.format=json"}, args...)
-		done <- run(ctx, args, lookup(nil), strings.NewReader(""), io.Discard, logw)
+		done <- run(ctx, args, nil, strings.NewReader(""), io.Discard, logw)
 		logw.Close()
 	}()
 
@@ -220,11 +220,11 @@ func TestHealthcheck(t *testing.T) {
 	base, stop := startServe(t)
 	listen := "--listen=" + strings.TrimPrefix(base, "http://")
 	var stderr strings.Builder
-	if code := run(context.Background(), []string{"healthcheck", listen}, lookup(nil), strings.NewReader(""), io.Discard, &stderr); code != 0 {
+	if code := run(context.Background(), []string{"healthcheck", listen}, nil, strings.NewReader(""), io.Discard, &stderr); code != 0 {
 		t.Fatalf("healthcheck of a running proxy: status %d (%s); want 0", code, stderr.String())
 	}
 	stop()
-	if code := run(context.Background(), []string{"healthcheck", listen, "--timeout=1s"}, lookup(nil), strings.NewReader(""), io.Discard, io.Discard); code != 1 {
+	if code := run(context.Background(), []string{"healthcheck", listen, "--timeout=1s"}, nil, strings.NewReader(""), io.Discard, io.Discard); code != 1 {
 		t.Fatalf("healthcheck of a stopped proxy: status %d; want 1", code)
 	}
 }
