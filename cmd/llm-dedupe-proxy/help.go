@@ -35,8 +35,12 @@ func commands() []*command {
 			name: "key", synopsis: "key [flags] [FILE|-]", summary: "print the canonical form and the key of a request body",
 			about: "Prints the canonical form of a request body and, as its last line, the key the proxy gives\n" +
 				"it (its X-Dedupe-Key), so that you can see why two requests did or did not share an\n" +
-				"answer. Reads FILE, or standard input when FILE is - or missing.",
-			keys: []string{"hashing."},
+				"answer. Reads FILE, or standard input when FILE is - or missing. Every header that changes\n" +
+				"the key is taken into account: Authorization (or the scope's header), and\n" +
+				"X-Dedupe-Namespace, whose generation (changed by each purge) is read from Redis when\n" +
+				"redis.addrs is set; without Redis it lives in the running instance's memory, and 0 (never\n" +
+				"purged) is assumed unless --generation says otherwise.",
+			keys: []string{"hashing.", "dedupe.paths", "redis.addrs", "redis.key_prefix"},
 			run:  (*app).key,
 		},
 		{

@@ -97,12 +97,12 @@ func TestHelp(t *testing.T) {
 	if key.code != 0 || !ok {
 		t.Fatalf("key -h: status %d\n%s", key.code, key.stdout)
 	}
-	for _, f := range []string{"--path PATH", "--authorization VALUE", "--header \"Name: value\"", "--config FILE"} {
+	for _, f := range []string{"--path PATH", "--authorization VALUE", "--header \"Name: value\"", "--generation N", "--config FILE"} {
 		if !strings.Contains(own, "\n  "+f+"\n") {
 			t.Errorf("key -h: its own flags lack %s:\n%s", f, own)
 		}
 	}
-	for _, f := range []string{"--hashing.scope", "--hashing.ignore_fields"} {
+	for _, f := range []string{"--hashing.scope", "--hashing.ignore_fields", "--dedupe.paths", "--redis.addrs"} {
 		if !strings.Contains(conf, "\n  "+f+" ") {
 			t.Errorf("key -h: the configuration it reads lacks %s", f)
 		}
