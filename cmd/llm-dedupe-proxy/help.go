@@ -47,7 +47,8 @@ func commands() []*command {
 			name: "flights", synopsis: "flights [flags]",
 			summary: "list the flights in progress on every instance (needs admin.listen and admin.token)",
 			about: "Lists the flights in progress, as GET /admin/flights of the running proxy answers them: on\n" +
-				"every instance with Redis, on that instance in memory.",
+				"every instance with Redis, on that instance in memory. Keys are printed whole, as\n" +
+				"DELETE /admin/answers/{key} takes them.",
 			keys: []string{"admin."},
 			run:  (*app).flights,
 		},
