@@ -32,6 +32,17 @@ func commands() []*command {
 			run: (*app).serve,
 		},
 		{
+			name: "fake-upstream", synopsis: "fake-upstream [flags]",
+			summary: "serve a fake OpenAI API on loopback, to try the proxy without an API key",
+			about: "Serves a fake OpenAI-compatible API that needs no API key: Chat Completions, Completions,\n" +
+				"Embeddings and Responses, streamed or not, each answer numbered by the call that made it\n" +
+				"(\"reply 1\", \"reply 2\", …) and sent after --delay, so that identical requests overlap.\n" +
+				"GET /_fake/stats counts its calls. Point the proxy at it with\n" +
+				"--upstream.base_url=http://127.0.0.1:9000.",
+			keys: []string{},
+			run:  (*app).fakeUpstream,
+		},
+		{
 			name: "key", synopsis: "key [flags] [FILE|-]", summary: "print the canonical form and the key of a request body",
 			about: "Prints the canonical form of a request body and, as its last line, the key the proxy gives\n" +
 				"it (its X-Dedupe-Key), so that you can see why two requests did or did not share an\n" +

@@ -4,6 +4,7 @@
 // Usage:
 //
 //	llm-dedupe-proxy [serve] [flags]          run the proxy (the default)
+//	llm-dedupe-proxy fake-upstream [flags]    serve a fake OpenAI API, to try the proxy without a key
 //	llm-dedupe-proxy key [flags] [FILE|-]     print a request body's canonical form and key
 //	llm-dedupe-proxy flights [flags]          list the flights in progress (admin API)
 //	llm-dedupe-proxy healthcheck [flags]      exit 0 if the running proxy answers /healthz

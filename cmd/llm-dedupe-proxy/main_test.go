@@ -117,6 +117,10 @@ func TestHelp(t *testing.T) {
 	if !strings.Contains(flights.stdout, "\n  --admin.token string\n") || strings.Contains(flights.stdout, "--redis.addrs") {
 		t.Errorf("flights -h: want admin.token and no redis key:\n%s", flights.stdout)
 	}
+	fake := runCmd(t, nil, "", "fake-upstream", "-h")
+	if !strings.Contains(fake.stdout, "\n  --delay duration\n") || strings.Contains(fake.stdout, "--config") {
+		t.Errorf("fake-upstream -h: want --delay and no configuration:\n%s", fake.stdout)
+	}
 }
 
 // TestDidYouMean: a mistyped command or flag is answered in two lines, the first naming
@@ -127,6 +131,7 @@ func TestDidYouMean(t *testing.T) {
 		want string
 	}{
 		{[]string{"flight"}, "llm-dedupe-proxy: unknown command \"flight\" (did you mean \"flights\"?)\nRun \"llm-dedupe-proxy --help\" for the commands.\n"},
+		{[]string{"fakeupstream"}, "llm-dedupe-proxy: unknown command \"fakeupstream\" (did you mean \"fake-upstream\"?)\nRun \"llm-dedupe-proxy --help\" for the commands.\n"},
 		{[]string{"serve", "--frobnicate"}, "llm-dedupe-proxy serve: unknown flag --frobnicate\nRun \"llm-dedupe-proxy serve -h\" for its flags.\n"},
 		{[]string{"frobnicate"}, "llm-dedupe-proxy: unknown command \"frobnicate\"\nRun \"llm-dedupe-proxy --help\" for the commands.\n"},
 		{[]string{"--upstream.base_uri=http://x"}, "llm-dedupe-proxy serve: unknown flag --upstream.base_uri (did you mean --upstream.base_url?)\nRun \"llm-dedupe-proxy serve -h\" for its flags.\n"},
