@@ -36,6 +36,9 @@ func (a *app) serve(args []string) int {
 	}
 
 	logger := newLogger(a.stderr, cfg.Log)
+	if cfg.Upstream.APIKey != "" && everyInterface(cfg.Listen) {
+		logger.Warn(exposedKey, "listen", cfg.Listen)
+	}
 	defer startPprof(a, logger)()
 	wired, err := wire(cfg, logger)
 	if err != nil {
@@ -116,6 +119,23 @@ func (a *app) serve(args []string) int {
 	_ = srv.Close()
 	logger.Info("stopped")
 	return code
+}
+
+// exposedKey is logged at start-up when upstream.api_key is set and the proxy listens on
+// every interface: the proxy authenticates no client, so the key is anyone's who can reach
+// the port.
+const exposedKey = "upstream.api_key is set and listen is on every interface: whoever reaches this port calls the upstream with that key; " +
+	"let only trusted clients reach it (a firewall, a network policy, an authenticating gateway in front) or listen on 127.0.0.1"
+
+// everyInterface reports whether a listen address takes connections on every interface:
+// its host is empty or unspecified (0.0.0.0, ::).
+func everyInterface(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return host == "" || ip != nil && ip.IsUnspecified()
 }
 
 // newLogger returns the logger of the server; level and format have been validated.
