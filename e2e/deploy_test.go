@@ -289,21 +289,32 @@ func TestPromtoolCheckConfig(t *testing.T) {
 	}
 }
 
-// TestDashboardFile: the dashboard parses, uses the provisioned datasource and has a
-// panel for each thing an operator watches.
+// TestDashboardFile: the dashboard parses, takes its datasource from a variable (so that it
+// imports into any Grafana with a Prometheus datasource, no uid to edit; docker compose's
+// provisioned one is the default) and has a panel for each thing an operator watches.
 func TestDashboardFile(t *testing.T) {
 	raw, err := os.ReadFile(filepath.Join(repoRoot, dashboardPath))
 	if err != nil {
 		t.Fatal(err)
 	}
+	type datasource struct {
+		Type string `json:"type"`
+		UID  string `json:"uid"`
+	}
 	var d struct {
-		UID    string `json:"uid"`
-		Title  string `json:"title"`
+		UID        string `json:"uid"`
+		Title      string `json:"title"`
+		Templating struct {
+			List []struct {
+				Name, Type, Query string
+			} `json:"list"`
+		} `json:"templating"`
 		Panels []struct {
-			Title      string `json:"title"`
-			Datasource struct {
-				UID string `json:"uid"`
-			} `json:"datasource"`
+			Title      string     `json:"title"`
+			Datasource datasource `json:"datasource"`
+			Targets    []struct {
+				Datasource datasource `json:"datasource"`
+			} `json:"targets"`
 		} `json:"panels"`
 	}
 	if err := json.Unmarshal(raw, &d); err != nil {
@@ -312,9 +323,24 @@ func TestDashboardFile(t *testing.T) {
 	if d.UID == "" || d.Title == "" || len(d.Panels) == 0 {
 		t.Fatalf("dashboard uid %q title %q with %d panels; want all three", d.UID, d.Title, len(d.Panels))
 	}
+	vars := 0
+	for _, v := range d.Templating.List {
+		if v.Name == "datasource" && v.Type == "datasource" && v.Query == "prometheus" {
+			vars++
+		}
+	}
+	if vars != 1 {
+		t.Errorf("dashboard variables %+v; want one named datasource, of type datasource, query prometheus", d.Templating.List)
+	}
+	want := datasource{Type: "prometheus", UID: "${datasource}"}
 	for _, p := range d.Panels {
-		if p.Datasource.UID != "prometheus" {
-			t.Errorf("panel %q datasource uid %q; want the provisioned one, prometheus", p.Title, p.Datasource.UID)
+		if p.Datasource != want {
+			t.Errorf("panel %q datasource %+v; want %+v", p.Title, p.Datasource, want)
+		}
+		for _, tg := range p.Targets {
+			if tg.Datasource != want {
+				t.Errorf("a query of panel %q has datasource %+v; want %+v", p.Title, tg.Datasource, want)
+			}
 		}
 	}
 	all := ""

@@ -52,10 +52,6 @@ func text(v reflect.Value) string {
 	return fmt.Sprint(v.Interface())
 }
 
-func lookup(env map[string]string) func(string) (string, bool) {
-	return func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-}
-
 func TestAltConfigDiffersEverywhere(t *testing.T) {
 	def, alt := defaultConfig(), altConfig()
 	if err := validate(alt); err != nil {
@@ -93,7 +89,7 @@ func TestEveryKeyFromEnvAndFlags(t *testing.T) {
 			if err := fs.Parse(tt.args); err != nil {
 				t.Fatal(err)
 			}
-			got, err := cf.load(lookup(tt.env))
+			got, err := cf.load(tt.env)
 			if err != nil || !reflect.DeepEqual(got, alt) {
 				t.Errorf("load = %+v, %v;\nwant %+v", got, err, alt)
 			}
@@ -294,13 +290,58 @@ func TestPrintConfigRedactsBaseURL(t *testing.T) {
 }
 
 func TestUnknownEnv(t *testing.T) {
-	env := []string{
-		"LLM_DEDUPE_UPSTREAM_BASE_URL=http://x", "LLM_DEDUPE_CONFIG=/c.yaml", "PATH=/bin",
-		"LLM_DEDUPE_UPSTREAM_BASEURL=http://typo", "LLM_DEDUPE_REDIS_PASSWORD=p", "LLM_DEDUPE_LIMITS_MAX_BODY=1",
+	env := map[string]string{
+		"LLM_DEDUPE_UPSTREAM_BASE_URL": "http://x", "LLM_DEDUPE_CONFIG": "/c.yaml", "PATH": "/bin",
+		"LLM_DEDUPE_UPSTREAM_BASEURL": "http://typo", "LLM_DEDUPE_REDIS_PASSWORD": "p", "LLM_DEDUPE_LIMITS_MAX_BODY": "1",
+		"LLM_DEDUPE_REDIS_ADDR": "127.0.0.1:6379", "LLM_DEDUPE_BASE_URL": "http://x", "LLM_DEDUPE_FROBNICATE": "1",
+		"LLM_DEDUPE_PPROF_LISTEN": "127.0.0.1:6060",
+		// Kubernetes's service links of Services named llm-dedupe and llm-dedupe-proxy.
+		"LLM_DEDUPE_PORT": "tcp://10.0.0.1:8080", "LLM_DEDUPE_SERVICE_HOST": "10.0.0.1",
+		"LLM_DEDUPE_PROXY_SERVICE_PORT": "8080", "LLM_DEDUPE_PROXY_SERVICE_PORT_HTTP": "8080",
+		"LLM_DEDUPE_PROXY_PORT": "tcp://10.0.0.2:8080", "LLM_DEDUPE_PROXY_PORT_8080_TCP": "tcp://10.0.0.2:8080",
+		"LLM_DEDUPE_PROXY_PORT_8080_TCP_ADDR": "10.0.0.2", "LLM_DEDUPE_PROXY_PORT_8080_TCP_PORT": "8080",
+		"LLM_DEDUPE_PROXY_PORT_8080_TCP_PROTO": "tcp",
 	}
-	got := unknownEnv(env)
-	want := []string{"LLM_DEDUPE_UPSTREAM_BASEURL", "LLM_DEDUPE_LIMITS_MAX_BODY"}
+	var got []string
+	for _, err := range unknownEnv(env) {
+		got = append(got, err.Error())
+	}
+	want := []string{
+		"LLM_DEDUPE_BASE_URL: an environment variable that names no key (did you mean LLM_DEDUPE_UPSTREAM_BASE_URL?)",
+		"LLM_DEDUPE_FROBNICATE: an environment variable that names no key",
+		"LLM_DEDUPE_LIMITS_MAX_BODY: an environment variable that names no key (did you mean LLM_DEDUPE_LIMITS_MAX_BODY_BYTES?)",
+		"LLM_DEDUPE_REDIS_ADDR: an environment variable that names no key (did you mean LLM_DEDUPE_REDIS_ADDRS?)",
+		"LLM_DEDUPE_UPSTREAM_BASEURL: an environment variable that names no key (did you mean LLM_DEDUPE_UPSTREAM_BASE_URL?)",
+	}
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("unknownEnv = %q; want %q", got, want)
+		t.Errorf("unknownEnv =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestUnknownNamesRefusedAlike: a misspelt variable and a misspelt key of the file both stop
+// every command that reads the configuration with status 2 and the name meant, and
+// --print-config shows no configuration that would not be the one in effect.
+func TestUnknownNamesRefusedAlike(t *testing.T) {
+	file := writeFile(t, "c.yaml", "redis:\n  addr: 127.0.0.1:6379\n")
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"variable", map[string]string{"LLM_DEDUPE_REDIS_ADDR": "127.0.0.1:6379"}, nil,
+			"llm-dedupe-proxy: invalid config: LLM_DEDUPE_REDIS_ADDR: an environment variable that names no key (did you mean LLM_DEDUPE_REDIS_ADDRS?)\n"},
+		{"file key", nil, []string{"--config", file},
+			"llm-dedupe-proxy: invalid config: redis.addr: unknown key in " + file + " (did you mean redis.addrs?)\n"},
+	}
+	for _, tt := range tests {
+		for _, cmd := range [][]string{{"serve", "--print-config"}, {"serve"}, {"key"}, {"healthcheck"}} {
+			t.Run(tt.name+"/"+strings.Join(cmd, " "), func(t *testing.T) {
+				r := runCmd(t, tt.env, "{}", append(cmd, tt.args...)...)
+				if r.code != 2 || r.stdout != "" || r.stderr != tt.want {
+					t.Errorf("status %d, stdout %q, stderr %q; want 2, nothing and %q", r.code, r.stdout, r.stderr, tt.want)
+				}
+			})
+		}
 	}
 }

@@ -68,6 +68,85 @@ func TestExampleConfigHasTheDefaults(t *testing.T) {
 	}
 }
 
+// exampleLine matches a line of config.example.yaml that sets a key: its indent, name,
+// value as written and comment.
+var exampleLine = regexp.MustCompile(`^( *)([a-z_]+):( *[^#]*?) *# (.*)$`)
+
+// TestExampleConfigSaysWhatHelpSays: each key's comment in config.example.yaml is its line
+// of help, and each value is written as --print-config and the help print it (10m, not
+// 600s; 1m, not 60s).
+func TestExampleConfigSaysWhatHelpSays(t *testing.T) {
+	b, err := os.ReadFile(exampleConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	comments, values := map[string]string{}, map[string]string{}
+	section := ""
+	for _, line := range strings.Split(string(b), "\n") {
+		if m := regexp.MustCompile(`^([a-z_]+):\s*$`).FindStringSubmatch(line); m != nil {
+			section = m[1]
+			continue
+		}
+		m := exampleLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		key := m[2]
+		if m[1] != "" {
+			key = section + "." + key
+		}
+		comments[key], values[key] = m[4], strings.TrimSpace(m[3])
+	}
+	def := defaultConfig()
+	for _, s := range settings(&def) {
+		if comments[s.key] != s.help {
+			t.Errorf("config.example.yaml says of %s\n\t%q\nwhile its help says\n\t%q", s.key, comments[s.key], s.help)
+		}
+		want := formatValue(s.field.Interface())
+		switch s.field.Interface().(type) {
+		case []string:
+			continue // a YAML list; TestExampleConfigHasTheDefaults compares the values
+		case string:
+			if !strings.HasPrefix(values[s.key], `"`) {
+				want = strings.Trim(want, `"`)
+			}
+		}
+		if values[s.key] != want {
+			t.Errorf("config.example.yaml writes %s: %s; --print-config and the help write %s", s.key, values[s.key], want)
+		}
+	}
+}
+
+// TestReadmeDefaultsAsPrinted: the README's table gives each default as the help and
+// --print-config print it.
+func TestReadmeDefaultsAsPrinted(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := defaultConfig()
+	for _, s := range settings(&def) {
+		m := regexp.MustCompile("(?m)^\\| `" + regexp.QuoteMeta(s.key) + "` \\| `[A-Z_]+` \\| ([^|]+) \\|").FindSubmatch(b)
+		if m == nil {
+			continue // TestReadmeDocumentsEveryKey reports it
+		}
+		want := "`" + strings.Trim(formatValue(s.field.Interface()), `"`) + "`"
+		switch x := s.field.Interface().(type) {
+		case string:
+			if x == "" {
+				want = "empty"
+			}
+		case []string:
+			if len(x) == 0 {
+				want = "empty"
+			}
+		}
+		if got := string(m[1]); got != want {
+			t.Errorf("README.md gives the default of %s as %s; want %s, as it is printed", s.key, got, want)
+		}
+	}
+}
+
 func TestReadmeDocumentsEveryKey(t *testing.T) {
 	b, err := os.ReadFile("../../README.md")
 	if err != nil {

@@ -15,16 +15,20 @@ import (
 )
 
 // flights prints the flights in progress, as GET /admin/flights of the running proxy (at
-// admin.listen, with admin.token) answers them: on every instance with Redis.
+// admin.listen, with admin.token) answers them: on every instance with Redis. Keys are
+// printed whole, so that one can be given to DELETE /admin/answers/{key} as it is: a prefix
+// unique among the flights listed need not be unique among the answers stored, which
+// cannot be listed (see ADR 0054).
 func (a *app) flights(args []string) int {
-	fs, cf := a.flagSet("flights", "flights [flags]")
+	c := lookupCommand("flights")
+	fs, cf := a.flagSet(c)
 	limit := fs.Int("limit", 1000, "most flights to list (1 to 10000)")
 	asJSON := fs.Bool("json", false, "print the admin API's JSON as it came")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
-	if code, done := a.parse(fs, args, 0); done {
+	if code, done := a.parse(c, fs, args, 0); done {
 		return code
 	}
-	cfg, err := cf.load(a.getenv)
+	cfg, err := cf.load(a.env)
 	if err != nil {
 		return a.invalidConfig(err)
 	}
@@ -71,7 +75,7 @@ func (a *app) flights(args []string) int {
 		if f.LeaseLeftMs > 0 {
 			lease = ms(f.LeaseLeftMs)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", short(f.Key), shown(f.State), shown(f.Owner), f.Attempt, ms(f.AgeMs), lease,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", shown(f.Key), shown(f.State), shown(f.Owner), f.Attempt, ms(f.AgeMs), lease,
 			shown(f.Route), shown(f.Model))
 	}
 	_ = tw.Flush()
@@ -79,7 +83,11 @@ func (a *app) flights(args []string) int {
 	if list.Truncated {
 		more = " (more not shown)"
 	}
-	fmt.Fprintf(a.stdout, "%d flights in progress (%s)%s\n", len(list.Flights), list.Backend, more)
+	noun := "flights"
+	if len(list.Flights) == 1 {
+		noun = "flight"
+	}
+	fmt.Fprintf(a.stdout, "%d %s in progress (%s)%s\n", len(list.Flights), noun, list.Backend, more)
 	return 0
 }
 

@@ -15,6 +15,7 @@ import (
 // in memory and with Redis.
 func TestFlightsCommand(t *testing.T) {
 	const token = "flights-test-token-0123"
+	const body = `{"model":"gpt-cli\u001b[2J\nFAKE-ROW\u0007","messages":[]}`
 	for _, backend := range []string{"memory", "redis"} {
 		t.Run(backend, func(t *testing.T) {
 			started, release := make(chan struct{}, 1), make(chan struct{})
@@ -27,8 +28,10 @@ func TestFlightsCommand(t *testing.T) {
 			defer up.Close()
 			admin := redistest.FreeAddr(t)
 			args := []string{"--upstream.base_url=" + up.URL, "--admin.listen=" + admin, "--admin.token=" + token}
+			var keyArgs []string // key reads the namespace's generation where the proxy does
 			if backend == "redis" {
-				args = append(args, "--redis.addrs="+redistest.Start(t).Addr)
+				addrs := "--redis.addrs=" + redistest.Start(t).Addr
+				args, keyArgs = append(args, addrs), []string{addrs}
 			}
 			base, stop, msgs := startServeLogs(t, args...)
 			waitLogged(t, msgs, "admin listening")
@@ -36,8 +39,7 @@ func TestFlightsCommand(t *testing.T) {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				res, err := http.Post(base+"/v1/chat/completions", "application/json",
-					strings.NewReader(`{"model":"gpt-cli\u001b[2J\nFAKE-ROW\u0007","messages":[]}`))
+				res, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
 				if err == nil {
 					res.Body.Close()
 				}
@@ -52,8 +54,16 @@ func TestFlightsCommand(t *testing.T) {
 			r := runCmd(t, env, "", "flights", "--admin.listen="+admin)
 			if r.code != 0 || !strings.Contains(r.stdout, "KEY") || !strings.Contains(r.stdout, "running") ||
 				!strings.Contains(r.stdout, "/v1/chat/completions") || !strings.Contains(r.stdout, "gpt-cli") ||
-				!strings.Contains(r.stdout, "1 flights in progress ("+backend+")") {
+				!strings.Contains(r.stdout, "1 flight in progress ("+backend+")") {
 				t.Errorf("flights: status %d\n%s%s", r.code, r.stdout, r.stderr)
+			}
+			// The key is printed whole: the one key prints, which the admin API takes.
+			var listed string
+			if lines := strings.Split(r.stdout, "\n"); len(lines) > 1 {
+				listed, _, _ = strings.Cut(lines[1], " ")
+			}
+			if want := keyOf(t, nil, body, keyArgs...); listed != want {
+				t.Errorf("flights lists key %q; want the whole key, %s, as key prints it", listed, want)
 			}
 			// A client chose the model: its control characters are shown escaped, and
 			// cannot add a row or move the operator's terminal.
@@ -70,6 +80,18 @@ func TestFlightsCommand(t *testing.T) {
 			}
 			close(release)
 			<-done
+			// What flights printed is what DELETE /admin/answers/{key} takes.
+			req, _ := http.NewRequest(http.MethodDelete, "http://"+admin+"/admin/answers/"+listed, nil)
+			req.Header.Set("Authorization", "Bearer "+token)
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			deleted, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode != 200 || !strings.Contains(string(deleted), `"found":true`) {
+				t.Errorf("DELETE /admin/answers/ of the key flights listed: %d %s; want 200 and found", res.StatusCode, deleted)
+			}
 			if code := stop(); code != 0 {
 				t.Errorf("serve: status %d", code)
 			}

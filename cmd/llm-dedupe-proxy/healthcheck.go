@@ -11,12 +11,13 @@ import (
 // 0 when it answers 200. It lets a container image without a shell or curl have a
 // HEALTHCHECK.
 func (a *app) healthcheck(args []string) int {
-	fs, cf := a.flagSet("healthcheck", "healthcheck [flags]")
+	c := lookupCommand("healthcheck")
+	fs, cf := a.flagSet(c)
 	timeout := fs.Duration("timeout", 2*time.Second, "how long to wait for the answer")
-	if code, done := a.parse(fs, args, 0); done {
+	if code, done := a.parse(c, fs, args, 0); done {
 		return code
 	}
-	cfg, err := cf.load(a.getenv)
+	cfg, err := cf.load(a.env)
 	if err != nil {
 		return a.invalidConfig(err)
 	}
@@ -25,8 +26,8 @@ func (a *app) healthcheck(args []string) int {
 		fmt.Fprintf(a.stderr, "llm-dedupe-proxy healthcheck: listen %q: %v\n", cfg.Listen, err)
 		return 1
 	}
-	c := &http.Client{Timeout: *timeout}
-	resp, err := c.Get(base + "/healthz")
+	client := &http.Client{Timeout: *timeout}
+	resp, err := client.Get(base + "/healthz")
 	if err != nil {
 		fmt.Fprintf(a.stderr, "llm-dedupe-proxy healthcheck: %v\n", err)
 		return 1

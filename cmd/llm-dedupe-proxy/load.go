@@ -7,6 +7,8 @@ import (
 	"math"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,6 +24,7 @@ type setting struct {
 	key    string        // the path of mapstructure tags, like "flight.lease_ttl"
 	field  reflect.Value // addressable field of a Config
 	secret bool
+	help   string // its meaning, in a line
 }
 
 // env is the environment variable of the key: LLM_DEDUPE_FLIGHT_LEASE_TTL.
@@ -43,7 +46,7 @@ func settings(cfg *Config) []setting {
 				walk(key+".", v.Field(i))
 				continue
 			}
-			out = append(out, setting{key: key, field: v.Field(i), secret: f.Tag.Get("secret") == "true"})
+			out = append(out, setting{key: key, field: v.Field(i), secret: f.Tag.Get("secret") == "true", help: f.Tag.Get("help")})
 		}
 	}
 	walk("", reflect.ValueOf(cfg).Elem())
@@ -55,6 +58,8 @@ type keyFlag struct {
 	value  string
 	set    bool
 	isBool bool
+	word   string // the kind of value it takes, and its meaning, for help
+	help   string
 }
 
 func (f *keyFlag) String() string     { return f.value }
@@ -70,13 +75,15 @@ type configFlags struct {
 
 func newConfigFlags(fs *flag.FlagSet) *configFlags {
 	cf := &configFlags{keys: map[string]*keyFlag{}}
-	fs.StringVar(&cf.path, "config", "", "YAML configuration `file` (env "+envPrefix+"CONFIG)")
+	fs.StringVar(&cf.path, "config", "", "YAML configuration `FILE` (env "+envPrefix+"CONFIG)")
 	def := defaultConfig()
 	for _, s := range settings(&def) {
-		kf := &keyFlag{isBool: s.field.Kind() == reflect.Bool}
+		kf := &keyFlag{isBool: s.field.Kind() == reflect.Bool, word: kindWord(s.field.Type()), help: s.help}
 		cf.keys[s.key] = kf
-		fs.Var(kf, s.key, fmt.Sprintf("`%s`; env %s; default %s",
-			kindWord(s.field.Type()), s.env(), formatValue(s.field.Interface())))
+		// The default is the flag's DefValue, shown by help; the value itself stays unset
+		// so that the environment and the file are not overridden.
+		fs.Var(kf, s.key, s.help)
+		fs.Lookup(s.key).DefValue = formatValue(s.field.Interface())
 	}
 	return cf
 }
@@ -84,9 +91,12 @@ func newConfigFlags(fs *flag.FlagSet) *configFlags {
 // load returns the configuration made of the defaults, the file named by --config (or
 // LLM_DEDUPE_CONFIG), the environment and the flags that were set, each overriding the one
 // before, and validated. An environment variable set to "" counts as unset. List values given
-// as text (environment, flags) are split on commas. getenv is os.LookupEnv outside tests: the
-// environment is read here rather than by viper so that tests need not change the process's.
-func (cf *configFlags) load(getenv func(string) (string, bool)) (Config, error) {
+// as text (environment, flags) are split on commas. env is the whole environment: it is read
+// here rather than by viper so that tests need not change the process's. A key of the file
+// or an LLM_DEDUPE_ variable that names no key is refused alike, with the nearest key's
+// name (see ADR 0054).
+func (cf *configFlags) load(env map[string]string) (Config, error) {
+	getenv := func(name string) (string, bool) { v, ok := env[name]; return v, ok }
 	v := viper.NewWithOptions(viper.WithDecodeHook(decodeHook))
 	def := defaultConfig()
 	list := settings(&def)
@@ -112,14 +122,20 @@ func (cf *configFlags) load(getenv func(string) (string, bool)) (Config, error) 
 		if err := v.ReadInConfig(); err != nil {
 			return Config{}, &configError{Key: "--config", Rule: err.Error()}
 		}
+		var names []string
+		for _, s := range list {
+			names = append(names, s.key)
+		}
 		for _, k := range v.AllKeys() {
 			if !known[k] {
-				errs = append(errs, &configError{Key: k, Rule: "unknown key in " + path})
+				errs = append(errs, &configError{Key: k, Rule: "unknown key in " + path + didYouMean(k, names, "%s")})
 			} else if x := v.Get(k); sections[k] && x != nil && reflect.TypeOf(x).Kind() != reflect.Map {
 				errs = append(errs, &configError{Key: k, Rule: "must hold keys, not a value, in " + path})
 			}
 		}
 	}
+
+	errs = append(errs, unknownEnv(env)...)
 
 	// viper.Set is the top layer, so of the environment and the flags the later one wins.
 	for _, s := range list {
@@ -156,22 +172,60 @@ func (cf *configFlags) load(getenv func(string) (string, bool)) (Config, error) 
 	return cfg, errors.Join(errs...)
 }
 
-// unknownEnv returns the names of environment variables (NAME=value) that start with
-// LLM_DEDUPE_ but name no key: a misspelt variable would otherwise be ignored in silence.
-func unknownEnv(environ []string) []string {
+// otherEnv are the LLM_DEDUPE_ variables that name no key and are not mistakes: the file
+// to read, and those of the pprof build and of the benchmark harness.
+var otherEnv = []string{envPrefix + "CONFIG", envPrefix + "PPROF_LISTEN", envPrefix + "BENCH_OWNERS"}
+
+// unknownEnv returns an error for each variable of env that starts with LLM_DEDUPE_ but names
+// no key, in the order of their names: a misspelt variable would otherwise be ignored, and
+// a misspelt LLM_DEDUPE_REDIS_ADDRS leave several instances each on its own memory.
+// Kubernetes's service links are no mistake (see serviceLink).
+func unknownEnv(env map[string]string) []error {
 	def := defaultConfig()
-	known := map[string]bool{envPrefix + "CONFIG": true}
+	known := map[string]bool{}
+	var names []string
 	for _, s := range settings(&def) {
 		known[s.env()] = true
+		names = append(names, s.env())
 	}
-	var out []string
-	for _, kv := range environ {
-		name, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(name, envPrefix) && !known[name] {
-			out = append(out, name)
+	for _, name := range otherEnv {
+		known[name] = true
+	}
+	var unknown []string
+	for name, value := range env {
+		if strings.HasPrefix(name, envPrefix) && !known[name] && !serviceLink(name, value) {
+			unknown = append(unknown, name)
 		}
 	}
-	return out
+	slices.Sort(unknown)
+	var errs []error
+	for _, name := range unknown {
+		errs = append(errs, &configError{Key: name, Rule: "an environment variable that names no key" + didYouMean(name, names, "%s")})
+	}
+	return errs
+}
+
+// serviceLinkName matches the variables Kubernetes gives a pod for each Service of its
+// namespace, named after the Service: a Service "llm-dedupe-proxy" makes
+// LLM_DEDUPE_PROXY_SERVICE_HOST, LLM_DEDUPE_PROXY_PORT_8080_TCP_ADDR and others, which
+// start with our prefix and are none of ours.
+var serviceLinkName = regexp.MustCompile(`^[A-Z0-9_]*(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT_[0-9]+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)$`)
+
+// serviceLink reports whether name=value is one of Kubernetes's service-link variables:
+// one serviceLinkName matches, or a name ending in PORT whose value is an address such as
+// tcp://10.0.0.1:8080.
+func serviceLink(name, value string) bool {
+	if serviceLinkName.MatchString(name) {
+		return true
+	}
+	if strings.HasSuffix(name, "_PORT") {
+		for _, proto := range []string{"tcp://", "udp://", "sctp://"} {
+			if strings.HasPrefix(value, proto) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 var durationType = reflect.TypeFor[time.Duration]()
@@ -207,17 +261,6 @@ func decodeHook(from, to reflect.Type, data any) (any, error) {
 
 func isInt(k reflect.Kind) bool {
 	return k >= reflect.Int && k <= reflect.Int64 || k >= reflect.Uint && k <= reflect.Uint64
-}
-
-// kindWord names the type of a key in flag help.
-func kindWord(t reflect.Type) string {
-	switch {
-	case t == durationType:
-		return "duration"
-	case t.Kind() == reflect.Slice:
-		return "list"
-	}
-	return t.Kind().String()
 }
 
 // kindName says in words what a key of type t takes.

@@ -4,15 +4,17 @@
 // Usage:
 //
 //	llm-dedupe-proxy [serve] [flags]          run the proxy (the default)
+//	llm-dedupe-proxy fake-upstream [flags]    serve a fake OpenAI API, to try the proxy without a key
 //	llm-dedupe-proxy key [flags] [FILE|-]     print a request body's canonical form and key
-//	llm-dedupe-proxy healthcheck [flags]      exit 0 if the running proxy answers /healthz
 //	llm-dedupe-proxy flights [flags]          list the flights in progress (admin API)
+//	llm-dedupe-proxy healthcheck [flags]      exit 0 if the running proxy answers /healthz
 //	llm-dedupe-proxy version                  print the version
+//	llm-dedupe-proxy help [COMMAND]           print the help of the binary or of a command
 //
 // Configuration comes from defaults < the YAML file given with --config < environment
 // variables (LLM_DEDUPE_ + the key path upper-cased with "_") < flags (--KEY=VALUE);
-// config.example.yaml lists every key. Exit status: 0 success, 1 failure, 2 usage or invalid
-// configuration.
+// config.example.yaml lists every key, and an unknown key or variable is refused. Exit
+// status: 0 success, 1 failure, 2 usage or invalid configuration.
 package main
 
 import (
@@ -31,90 +33,93 @@ import (
 // version is set at build time with -ldflags "-X main.version=…".
 var version = "dev"
 
-const usage = `usage: llm-dedupe-proxy [command] [flags]
-
-commands:
-  serve     run the proxy (the default command)
-  key       print the canonical form and the key of a request body
-  healthcheck  exit 0 if the proxy on the configured listen address is healthy
-  flights   list the flights in progress on every instance (needs admin.listen and admin.token)
-  version   print the version
-
-Run "llm-dedupe-proxy COMMAND -h" for the flags of a command.
-`
-
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-ctx.Done()
 		stop() // a second signal ends the process at once
 	}()
-	os.Exit(run(ctx, os.Args[1:], os.LookupEnv, os.Stdin, os.Stdout, os.Stderr))
+	env := map[string]string{}
+	for _, kv := range os.Environ() {
+		name, value, _ := strings.Cut(kv, "=")
+		env[name] = value
+	}
+	os.Exit(run(ctx, os.Args[1:], env, os.Stdin, os.Stdout, os.Stderr))
 }
 
 // app is what one run of the binary reads and writes; tests fill it with buffers and a map.
 type app struct {
-	getenv  func(string) (string, bool)
-	environ func() []string // NAME=value of every variable, to warn of unknown LLM_DEDUPE_ ones
-	stdin   io.Reader
-	stdout  io.Writer
-	stderr  io.Writer
+	ctx    context.Context // serve and fake-upstream stop when it ends
+	env    map[string]string
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
 }
 
-// run runs the command in args and returns the exit status. serve stops when ctx ends.
-func run(ctx context.Context, args []string, getenv func(string) (string, bool),
-	stdin io.Reader, stdout, stderr io.Writer) int {
-	a := &app{getenv: getenv, environ: os.Environ, stdin: stdin, stdout: stdout, stderr: stderr}
-	cmd, rest := "serve", args
+// getenv returns the environment variable name, and whether it is set.
+func (a *app) getenv(name string) (string, bool) {
+	v, ok := a.env[name]
+	return v, ok
+}
+
+// run runs the command in args and returns the exit status. env is the whole environment;
+// serve stops when ctx ends.
+func run(ctx context.Context, args []string, env map[string]string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &app{ctx: ctx, env: env, stdin: stdin, stdout: stdout, stderr: stderr}
+	name, rest := "serve", args
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		cmd, rest = args[0], args[1:]
+		name, rest = args[0], args[1:]
 	}
-	switch cmd {
-	case "serve":
-		return a.serve(ctx, rest)
-	case "key":
-		return a.key(rest)
-	case "healthcheck":
-		return a.healthcheck(rest)
-	case "flights":
-		return a.flights(rest)
-	case "version":
-		fmt.Fprintf(stdout, "llm-dedupe-proxy %s %s\n", version, runtime.Version())
-		return 0
-	case "help":
-		fmt.Fprint(stdout, usage)
-		return 0
+	c := lookupCommand(name)
+	if c == nil {
+		return a.unknownCommand(name)
 	}
-	fmt.Fprintf(stderr, "llm-dedupe-proxy: unknown command %q\n\n%s", cmd, usage)
-	return 2
+	return c.run(a, rest)
 }
 
-// flagSet returns the flags of a subcommand: --config and one per configuration key, to which
-// the caller adds its own.
-func (a *app) flagSet(name, synopsis string) (*flag.FlagSet, *configFlags) {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(a.stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: llm-dedupe-proxy %s\n\nflags:\n", synopsis)
-		fs.PrintDefaults()
-	}
-	return fs, newConfigFlags(fs)
+func (a *app) version(args []string) int {
+	fmt.Fprintf(a.stdout, "llm-dedupe-proxy %s %s\n", version, runtime.Version())
+	return 0
 }
 
-// parse parses args into fs; done is true when the command should stop with status code.
-func (a *app) parse(fs *flag.FlagSet, args []string, maxArgs int) (code int, done bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0, true
-		}
-		return 2, true
+// flagSet returns the flags of a command: its own, which the caller adds, and, for a
+// command that reads the configuration, --config and one per configuration key.
+func (a *app) flagSet(c *command) (*flag.FlagSet, *configFlags) {
+	fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+	// Parse's own messages are replaced by parse's: a short one for an error, the whole
+	// help for -h.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	var cf *configFlags
+	if c.keys == nil || len(c.keys) > 0 {
+		cf = newConfigFlags(fs)
 	}
-	if fs.NArg() > maxArgs {
-		fmt.Fprintf(a.stderr, "llm-dedupe-proxy %s: unexpected argument %q\n", fs.Name(), fs.Arg(maxArgs))
-		fs.Usage()
-		return 2, true
+	return fs, cf
+}
+
+// parse parses args into the flags of c; done is true when the command should stop with
+// status code: after its help (-h), or after a usage error, which it reports in a line with
+// the flag it may have meant, as kubectl does, rather than with the whole help.
+func (a *app) parse(c *command, fs *flag.FlagSet, args []string, maxArgs int) (code int, done bool) {
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		a.printHelp(a.stdout, c, fs)
+		return 0, true
 	}
-	return 0, false
+	if err == nil && fs.NArg() > maxArgs {
+		err = fmt.Errorf("unexpected argument %q", fs.Arg(maxArgs))
+	}
+	if err == nil {
+		return 0, false
+	}
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, "--"+f.Name) })
+		msg = "unknown flag --" + name + didYouMean("--"+name, names, "%s")
+	}
+	fmt.Fprintf(a.stderr, "llm-dedupe-proxy %s: %s\nRun \"llm-dedupe-proxy %s -h\" for its flags.\n", c.name, msg, c.name)
+	return 2, true
 }
 
 // invalidConfig reports every error of a configuration on its own line and returns status 2.

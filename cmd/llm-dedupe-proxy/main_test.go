@@ -19,7 +19,7 @@ type result struct {
 func runCmd(t *testing.T, env map[string]string, stdin string, args ...string) result {
 	t.Helper()
 	var stdout, stderr strings.Builder
-	code := run(context.Background(), args, lookup(env), strings.NewReader(stdin), &stdout, &stderr)
+	code := run(context.Background(), args, env, strings.NewReader(stdin), &stdout, &stderr)
 	return result{code, stdout.String(), stderr.String()}
 }
 
@@ -51,8 +51,98 @@ func TestUsageErrors(t *testing.T) {
 			t.Errorf("%q: status %d, stderr %q; want 2 and a message", args, r.code, r.stderr)
 		}
 	}
-	if r := runCmd(t, nil, "", "serve", "-h"); r.code != 0 || !strings.Contains(r.stderr, "-flight.lease_ttl") {
-		t.Errorf("serve -h: status %d, stderr %q; want 0 and the flags", r.code, r.stderr)
+}
+
+// TestHelp: the binary's help lists the commands and gives every flag a line of meaning
+// and its default; a command's help shows its own flags first and only the configuration
+// keys it reads.
+func TestHelp(t *testing.T) {
+	serve := runCmd(t, nil, "", "serve", "-h")
+	if serve.code != 0 || serve.stderr != "" {
+		t.Fatalf("serve -h: status %d, stderr %q; want 0 and the help on stdout", serve.code, serve.stderr)
+	}
+	for _, c := range commands() {
+		if !regexp.MustCompile(`(?m)^  ` + c.name + ` +` + regexp.QuoteMeta(c.summary) + `$`).MatchString(serve.stdout) {
+			t.Errorf("serve -h does not list the command %s with its summary:\n%s", c.name, serve.stdout)
+		}
+	}
+	def := defaultConfig()
+	for _, s := range settings(&def) {
+		if s.help == "" {
+			t.Errorf("%s has no help tag", s.key)
+			continue
+		}
+		if !strings.Contains(serve.stdout, "\n  --"+s.key) || !strings.Contains(serve.stdout, "\n        "+s.help) {
+			t.Errorf("serve -h lacks --%s with its meaning %q", s.key, s.help)
+		}
+	}
+	for _, want := range []string{
+		"  --upstream.timeout duration\n        hard limit of one upstream call, streaming included (default 10m)\n",
+		"  --listen string\n        address the HTTP server listens on (host:port); an empty host is every interface (default \":8080\")\n",
+		"  --redis.tls\n        connect to Redis over TLS\n",
+		"  --print-config\n        print the configuration in effect, secrets redacted, and exit\n",
+	} {
+		if !strings.Contains(serve.stdout, want) {
+			t.Errorf("serve -h lacks\n%s", want)
+		}
+	}
+	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}, {"help", "serve"}} {
+		if r := runCmd(t, nil, "", args...); r.code != 0 || r.stdout != serve.stdout {
+			t.Errorf("%q: status %d; want 0 and the help of serve", args, r.code)
+		}
+	}
+
+	key := runCmd(t, nil, "", "key", "-h")
+	own, conf, ok := strings.Cut(key.stdout, "Configuration it reads")
+	if key.code != 0 || !ok {
+		t.Fatalf("key -h: status %d\n%s", key.code, key.stdout)
+	}
+	for _, f := range []string{"--path PATH", "--authorization VALUE", "--header \"Name: value\"", "--generation N", "--config FILE"} {
+		if !strings.Contains(own, "\n  "+f+"\n") {
+			t.Errorf("key -h: its own flags lack %s:\n%s", f, own)
+		}
+	}
+	for _, f := range []string{"--hashing.scope", "--hashing.ignore_fields", "--dedupe.paths", "--redis.addrs"} {
+		if !strings.Contains(conf, "\n  "+f+" ") {
+			t.Errorf("key -h: the configuration it reads lacks %s", f)
+		}
+	}
+	if strings.Contains(key.stdout, "--flight.lease_ttl") || strings.Contains(key.stdout, "Commands:") {
+		t.Errorf("key -h shows serve's keys or the commands:\n%s", key.stdout)
+	}
+	if r := runCmd(t, nil, "", "help", "key"); r.stdout != key.stdout {
+		t.Errorf("help key differs from key -h")
+	}
+	flights := runCmd(t, nil, "", "flights", "-h")
+	if !strings.Contains(flights.stdout, "\n  --admin.token string\n") || strings.Contains(flights.stdout, "--redis.addrs") {
+		t.Errorf("flights -h: want admin.token and no redis key:\n%s", flights.stdout)
+	}
+	fake := runCmd(t, nil, "", "fake-upstream", "-h")
+	if !strings.Contains(fake.stdout, "\n  --delay duration\n") || strings.Contains(fake.stdout, "--config") {
+		t.Errorf("fake-upstream -h: want --delay and no configuration:\n%s", fake.stdout)
+	}
+}
+
+// TestDidYouMean: a mistyped command or flag is answered in two lines, the first naming
+// what was probably meant, the second where to look; not with the whole help.
+func TestDidYouMean(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"flight"}, "llm-dedupe-proxy: unknown command \"flight\" (did you mean \"flights\"?)\nRun \"llm-dedupe-proxy --help\" for the commands.\n"},
+		{[]string{"fakeupstream"}, "llm-dedupe-proxy: unknown command \"fakeupstream\" (did you mean \"fake-upstream\"?)\nRun \"llm-dedupe-proxy --help\" for the commands.\n"},
+		{[]string{"serve", "--frobnicate"}, "llm-dedupe-proxy serve: unknown flag --frobnicate\nRun \"llm-dedupe-proxy serve -h\" for its flags.\n"},
+		{[]string{"frobnicate"}, "llm-dedupe-proxy: unknown command \"frobnicate\"\nRun \"llm-dedupe-proxy --help\" for the commands.\n"},
+		{[]string{"--upstream.base_uri=http://x"}, "llm-dedupe-proxy serve: unknown flag --upstream.base_uri (did you mean --upstream.base_url?)\nRun \"llm-dedupe-proxy serve -h\" for its flags.\n"},
+		{[]string{"serve", "--print_config"}, "llm-dedupe-proxy serve: unknown flag --print_config (did you mean --print-config?)\nRun \"llm-dedupe-proxy serve -h\" for its flags.\n"},
+		{[]string{"key", "--auth", "x"}, "llm-dedupe-proxy key: unknown flag --auth (did you mean --authorization?)\nRun \"llm-dedupe-proxy key -h\" for its flags.\n"},
+		{[]string{"flights", "--timeout=soon"}, "llm-dedupe-proxy flights: invalid value \"soon\" for flag -timeout: parse error\nRun \"llm-dedupe-proxy flights -h\" for its flags.\n"},
+	}
+	for _, tt := range tests {
+		if r := runCmd(t, nil, "", tt.args...); r.code != 2 || r.stdout != "" || r.stderr != tt.want {
+			t.Errorf("%q: status %d, stdout %q, stderr\n%s\nwant 2, nothing and\n%s", tt.args, r.code, r.stdout, r.stderr, tt.want)
+		}
 	}
 }
 

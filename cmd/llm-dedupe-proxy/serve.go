@@ -15,13 +15,15 @@ import (
 
 // serve runs the HTTP server until ctx ends, then shuts it down gracefully: requests in
 // progress get shutdown_timeout to finish. Status 0 when all of them did.
-func (a *app) serve(ctx context.Context, args []string) int {
-	fs, cf := a.flagSet("serve", "[serve] [flags]")
-	printCfg := fs.Bool("print-config", false, "print the effective configuration, secrets redacted, and exit")
-	if code, done := a.parse(fs, args, 0); done {
+func (a *app) serve(args []string) int {
+	ctx := a.ctx
+	c := lookupCommand("serve")
+	fs, cf := a.flagSet(c)
+	printCfg := fs.Bool("print-config", false, "print the configuration in effect, secrets redacted, and exit")
+	if code, done := a.parse(c, fs, args, 0); done {
 		return code
 	}
-	cfg, err := cf.load(a.getenv)
+	cfg, err := cf.load(a.env)
 	if err != nil {
 		return a.invalidConfig(err)
 	}
@@ -34,8 +36,8 @@ func (a *app) serve(ctx context.Context, args []string) int {
 	}
 
 	logger := newLogger(a.stderr, cfg.Log)
-	for _, name := range unknownEnv(a.environ()) {
-		logger.Warn("unknown environment variable ignored: it names no configuration key", "name", name)
+	if cfg.Upstream.APIKey != "" && everyInterface(cfg.Listen) {
+		logger.Warn(exposedKey, "listen", cfg.Listen)
 	}
 	defer startPprof(a, logger)()
 	wired, err := wire(cfg, logger)
@@ -117,6 +119,23 @@ func (a *app) serve(ctx context.Context, args []string) int {
 	_ = srv.Close()
 	logger.Info("stopped")
 	return code
+}
+
+// exposedKey is logged at start-up when upstream.api_key is set and the proxy listens on
+// every interface: the proxy authenticates no client, so the key is anyone's who can reach
+// the port.
+const exposedKey = "upstream.api_key is set and listen is on every interface: whoever reaches this port calls the upstream with that key; " +
+	"let only trusted clients reach it (a firewall, a network policy, an authenticating gateway in front) or listen on 127.0.0.1"
+
+// everyInterface reports whether a listen address takes connections on every interface:
+// its host is empty or unspecified (0.0.0.0, ::).
+func everyInterface(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return host == "" || ip != nil && ip.IsUnspecified()
 }
 
 // newLogger returns the logger of the server; level and format have been validated.

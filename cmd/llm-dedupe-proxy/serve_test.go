@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
@@ -30,7 +31,7 @@ func startServeLogs(t *testing.T, args ...string) (string, func() int, <-chan st
 	done := make(chan int, 1)
 	go func() {
 		args := append([]string{"serve", "--listen=127.0.0.1:0", "--log.format=json"}, args...)
-		done <- run(ctx, args, lookup(nil), strings.NewReader(""), io.Discard, logw)
+		done <- run(ctx, args, nil, strings.NewReader(""), io.Discard, logw)
 		logw.Close()
 	}()
 
@@ -220,11 +221,46 @@ func TestHealthcheck(t *testing.T) {
 	base, stop := startServe(t)
 	listen := "--listen=" + strings.TrimPrefix(base, "http://")
 	var stderr strings.Builder
-	if code := run(context.Background(), []string{"healthcheck", listen}, lookup(nil), strings.NewReader(""), io.Discard, &stderr); code != 0 {
+	if code := run(context.Background(), []string{"healthcheck", listen}, nil, strings.NewReader(""), io.Discard, &stderr); code != 0 {
 		t.Fatalf("healthcheck of a running proxy: status %d (%s); want 0", code, stderr.String())
 	}
 	stop()
-	if code := run(context.Background(), []string{"healthcheck", listen, "--timeout=1s"}, lookup(nil), strings.NewReader(""), io.Discard, io.Discard); code != 1 {
+	if code := run(context.Background(), []string{"healthcheck", listen, "--timeout=1s"}, nil, strings.NewReader(""), io.Discard, io.Discard); code != 1 {
 		t.Fatalf("healthcheck of a stopped proxy: status %d; want 1", code)
+	}
+}
+
+// TestServeWarnsOfAnExposedKey: with upstream.api_key set, listening on every interface is
+// logged as a warning at start-up; on loopback it is not. The test never listens beyond
+// loopback: its wildcard address is on a port a loopback listener holds, so serve warns,
+// then fails to listen.
+func TestServeWarnsOfAnExposedKey(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	_, port, _ := net.SplitHostPort(held.Addr().String())
+	for _, listen := range []string{":" + port, "0.0.0.0:" + port, "[::]:" + port} {
+		r := runCmd(t, nil, "", "serve", "--listen="+listen, "--upstream.api_key=sk-shared", "--log.format=json")
+		if r.code != 1 || !strings.Contains(r.stderr, `"level":"WARN","msg":"`+exposedKey+`","listen":"`+listen+`"`) {
+			t.Errorf("listen %s with an api_key: status %d, log\n%s\nwant the warning, then 1 (the port is held)", listen, r.code, r.stderr)
+		}
+	}
+	base, stop, msgs := startServeLogs(t, "--upstream.api_key=sk-shared")
+	defer stop()
+	if _, err := http.Get(base + "/healthz"); err != nil {
+		t.Fatal(err)
+	}
+	for len(msgs) > 0 {
+		if m := <-msgs; m == exposedKey {
+			t.Errorf("listening on 127.0.0.1 with an api_key: warned %q", m)
+		}
+	}
+	for listen, want := range map[string]bool{":8080": true, "0.0.0.0:80": true, "[::]:80": true, "127.0.0.1:8080": false,
+		"localhost:8080": false, "10.0.0.5:8080": false, "[::1]:80": false} {
+		if got := everyInterface(listen); got != want {
+			t.Errorf("everyInterface(%q) = %v; want %v", listen, got, want)
+		}
 	}
 }
