@@ -47,7 +47,7 @@ type RedisConfig struct {
 	TLSCAFile   string        `mapstructure:"tls_ca_file" help:"PEM file of CA certificates to trust for Redis (a private CA); empty: the system's; needs tls: true"`
 	KeyPrefix   string        `mapstructure:"key_prefix" help:"prefix of every Redis key the proxy writes"`
 	DialTimeout time.Duration `mapstructure:"dial_timeout" help:"time allowed to connect to Redis"`
-	ReadTimeout time.Duration `mapstructure:"read_timeout" help:"time allowed for one Redis reply"`
+	ReadTimeout time.Duration `mapstructure:"read_timeout" help:"longest a request waits on one Redis operation, retries included; the first timeout degrades"`
 	PoolSize    int           `mapstructure:"pool_size" help:"connections for commands (per Cluster node); 0: the client's default, 10 per CPU"`
 }
 
