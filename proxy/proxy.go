@@ -108,7 +108,7 @@ func New(cfg Config) (*Proxy, error) {
 	calls := cfg.Transport
 	if cfg.Transport == nil {
 		t := NewTransport()
-		cfg.Transport, calls = t, newH1Transport(t)
+		cfg.Transport, calls = t, ownersTransport(t)
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Minute
