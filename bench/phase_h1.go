@@ -41,7 +41,8 @@ type h1Row struct {
 	CPUSeconds     float64 `json:"cpu_seconds"`
 	SettleSeconds  float64 `json:"seconds_until_all_waiting"`
 	ReleaseSeconds float64 `json:"seconds_from_release_to_last_answer"`
-	OK             int     `json:"answered_200"`
+	OK             int     `json:"answered_200_as_owner"`
+	NotOwned       int     `json:"answered_200_not_as_owner"`
 	Errors         int     `json:"errors"`
 	Note           string  `json:"note,omitempty"`
 }
@@ -73,7 +74,7 @@ func (e *env) h1Compare(ctx context.Context, c cfg, fdLimit uint64) ([]h1Row, er
 	for run := range c.runs {
 		for i := range builds {
 			b := builds[(i+run)%2]
-			row, err := e.h1Case(ctx, b[0], b[1], n)
+			row, err := e.h1Case(ctx, b[0], b[1], n, fmt.Sprintf("%s h1 run %d %s", e.runID, run+1, b[0]))
 			if err != nil {
 				return rows, fmt.Errorf("%s, run %d: %w", b[0], run+1, err)
 			}
@@ -87,8 +88,9 @@ func (e *env) h1Compare(ctx context.Context, c cfg, fdLimit uint64) ([]h1Row, er
 	return rows, nil
 }
 
-// h1Case measures one build with n calls in flight.
-func (e *env) h1Case(ctx context.Context, transport, bin string, n int) (h1Row, error) {
+// h1Case measures one build with n calls in flight, its prompts made of prefix: unique
+// to the case, or they would be answered from Redis by an earlier case's calls.
+func (e *env) h1Case(ctx context.Context, transport, bin string, n int, prefix string) (h1Row, error) {
 	row := h1Row{Transport: transport, N: n}
 	if err := e.setFake(ctx, behavior{}); err != nil {
 		return row, err
@@ -105,7 +107,7 @@ func (e *env) h1Case(ctx context.Context, transport, bin string, n int) (h1Row, 
 	defer e.ps.remove(p)
 	url := chatURL(base)
 	for i := range 50 { // warm-up: pools, lazily built state
-		e.c.post(ctx, url, chatBody(fmt.Sprintf("%s h1 warm %s %d", e.runID, transport, i), false), false)
+		e.c.post(ctx, url, chatBody(fmt.Sprintf("%s warm %d", prefix, i), false), false)
 	}
 	time.Sleep(time.Second)
 	if row.BaseRSS, err = rssBytes(p.pid()); err != nil {
@@ -127,7 +129,7 @@ func (e *env) h1Case(ctx context.Context, transport, bin string, n int) (h1Row, 
 		if i%500 == 499 {
 			time.Sleep(50 * time.Millisecond) // do not overflow the listen backlog
 		}
-		body := chatBody(fmt.Sprintf("%s h1 %s #%d", e.runID, transport, i), false)
+		body := chatBody(fmt.Sprintf("%s #%d", prefix, i), false)
 		wg.Go(func() { replies[i] = cl.post(ctx, url, body, false) })
 	}
 	if err := e.waitFor(ctx, 120*time.Second, func() (bool, error) {
@@ -153,11 +155,17 @@ func (e *env) h1Case(ctx context.Context, transport, bin string, n int) (h1Row, 
 	row.ReleaseSeconds = time.Since(released).Seconds()
 	row.CPUSeconds = stopCPU(cpu)[0].Seconds
 	for _, r := range replies {
-		if r.ok() {
-			row.OK++
-		} else {
+		switch {
+		case !r.ok():
 			row.Errors++
+		case r.role != "owner":
+			row.NotOwned++
+		default:
+			row.OK++
 		}
+	}
+	if row.NotOwned > 0 {
+		row.Note = joinNote(row.Note, fmt.Sprintf("%d answers not an owner's: those calls were not in flight", row.NotOwned))
 	}
 	return row, e.setFake(ctx, behavior{})
 }
@@ -199,7 +207,7 @@ func h1Section(b *strings.Builder, r *results) {
 	}
 	w := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
 	w("## Owners' calls: h1Transport against net/http's Transport\n\nA fresh instance per row, warmed with 50 requests; then N distinct prompts at once, each on its own client connection, whose calls to the plain-HTTP fake upstream are held until the figures are taken, then answered. Per call = (while in flight − idle) / N. Heap in use is read right after a forced collection. CPU is the instance's, from the first request sent to the last answer read. Each run measures both, in alternating order.\n\n")
-	w("| run | transport | in flight | RSS idle → in flight | RSS per call | heap in use per call | goroutines (per call) | open fds | CPU per call | answered 200 | note |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	w("| run | transport | in flight | RSS idle → in flight | RSS per call | heap in use per call | goroutines (per call) | open fds | CPU per call | answered 200 by its owner | note |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for i, row := range r.H1 {
 		w("| %d | %s | %d | %.0f → %.0f MiB | %.1f KiB | %.1f KiB | %.0f (%.2f) | %d | %.3f ms | %d of %d | %s |\n", i/2+1, row.Transport, row.N,
 			float64(row.BaseRSS)/(1<<20), float64(row.RSS)/(1<<20), row.rssPerCall()/1024, row.heapPerCall()/1024,
