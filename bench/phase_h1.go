@@ -30,9 +30,12 @@ type h1Row struct {
 	BaseRSS   int64  `json:"base_rss_bytes"`
 	RSS       int64  `json:"rss_bytes"`
 	// BaseHeap and Heap are go_memstats_heap_inuse_bytes right after a collection (forced
-	// through pprof's heap?gc=1), idle and with every call in flight.
+	// through pprof's heap?gc=1), idle and with every call in flight; BaseStack and Stack
+	// go_memstats_stack_inuse_bytes then: goroutines' stacks are not in the heap.
 	BaseHeap       float64 `json:"base_heap_inuse_bytes"`
 	Heap           float64 `json:"heap_inuse_bytes"`
+	BaseStack      float64 `json:"base_stack_inuse_bytes"`
+	Stack          float64 `json:"stack_inuse_bytes"`
 	BaseGoroutines float64 `json:"base_goroutines"`
 	Goroutines     float64 `json:"goroutines"`
 	FDs            int     `json:"open_fds"`
@@ -49,8 +52,14 @@ type h1Row struct {
 
 func (r h1Row) rssPerCall() float64  { return float64(r.RSS-r.BaseRSS) / float64(r.N) }
 func (r h1Row) heapPerCall() float64 { return (r.Heap - r.BaseHeap) / float64(r.N) }
-func (r h1Row) gorPerCall() float64  { return (r.Goroutines - r.BaseGoroutines) / float64(r.N) }
-func (r h1Row) cpuPerCall() float64  { return r.CPUSeconds / float64(r.N) }
+
+// liveMemPerCall is heap and stacks in use after a collection, per call: the memory the
+// calls hold, without what the collector has not yet given back.
+func (r h1Row) liveMemPerCall() float64 {
+	return (r.Heap + r.Stack - r.BaseHeap - r.BaseStack) / float64(r.N)
+}
+func (r h1Row) gorPerCall() float64 { return (r.Goroutines - r.BaseGoroutines) / float64(r.N) }
+func (r h1Row) cpuPerCall() float64 { return r.CPUSeconds / float64(r.N) }
 
 // h1N is how many calls fit in flight at once: the instance holds a client and an
 // upstream connection for each, besides a few hundred descriptors of its own.
@@ -79,8 +88,8 @@ func (e *env) h1Compare(ctx context.Context, c cfg, fdLimit uint64) ([]h1Row, er
 				return rows, fmt.Errorf("%s, run %d: %w", b[0], run+1, err)
 			}
 			row.Note = joinNote(row.Note, note)
-			logf("  %-18s n=%d RSS %d → %d MiB (%.1f KiB/call), heap %.0f → %.0f MiB, %.0f goroutines, CPU %.3f ms/call; %d ok, %d errors",
-				row.Transport, row.N, row.BaseRSS>>20, row.RSS>>20, row.rssPerCall()/1024, row.BaseHeap/(1<<20), row.Heap/(1<<20),
+			logf("  %-18s n=%d RSS %d → %d MiB (%.1f KiB/call), heap + stacks %.1f KiB/call, %.0f goroutines, CPU %.3f ms/call; %d ok, %d errors",
+				row.Transport, row.N, row.BaseRSS>>20, row.RSS>>20, row.rssPerCall()/1024, row.liveMemPerCall()/1024,
 				row.Goroutines, row.cpuPerCall()*1000, row.OK, row.Errors)
 			rows = append(rows, row)
 		}
@@ -113,7 +122,7 @@ func (e *env) h1Case(ctx context.Context, transport, bin string, n int, prefix s
 	if row.BaseRSS, err = rssBytes(p.pid()); err != nil {
 		return row, err
 	}
-	if row.BaseHeap, row.BaseGoroutines, err = e.heapAfterGC(ctx, base, pport); err != nil {
+	if row.BaseHeap, row.BaseStack, row.BaseGoroutines, err = e.heapAfterGC(ctx, base, pport); err != nil {
 		return row, err
 	}
 	if err := e.setFake(ctx, behavior{Hold: true}); err != nil {
@@ -144,7 +153,7 @@ func (e *env) h1Case(ctx context.Context, transport, bin string, n int, prefix s
 		return row, err
 	}
 	row.FDs = countFDs(p.pid())
-	if row.Heap, row.Goroutines, err = e.heapAfterGC(ctx, base, pport); err != nil {
+	if row.Heap, row.Stack, row.Goroutines, err = e.heapAfterGC(ctx, base, pport); err != nil {
 		return row, err
 	}
 	released := time.Now()
@@ -171,20 +180,23 @@ func (e *env) h1Case(ctx context.Context, transport, bin string, n int, prefix s
 }
 
 // heapAfterGC forces a collection in the instance (pprof's heap profile with gc=1) and
-// reads its heap in use and goroutines.
-func (e *env) heapAfterGC(ctx context.Context, base string, pport int) (heap, goroutines float64, err error) {
+// reads its heap and stacks in use and its goroutines.
+func (e *env) heapAfterGC(ctx context.Context, base string, pport int) (heap, stack, goroutines float64, err error) {
 	if _, err = e.c.get(ctx, fmt.Sprintf("http://%s/debug/pprof/heap?gc=1", loopback(pport))); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	if heap, err = e.metric(ctx, base, "go_memstats_heap_inuse_bytes"); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
+	}
+	if stack, err = e.metric(ctx, base, "go_memstats_stack_inuse_bytes"); err != nil {
+		return 0, 0, 0, err
 	}
 	goroutines, err = e.metric(ctx, base, "go_goroutines")
-	return heap, goroutines, err
+	return heap, stack, goroutines, err
 }
 
 // h1Ratios pairs each run's two rows: h1Transport's figure over net/http's, per call.
-type h1Ratios struct{ RSS, Heap, Goroutines, CPU []float64 }
+type h1Ratios struct{ RSS, Live, Heap, Goroutines, CPU []float64 }
 
 func h1RatiosOf(rows []h1Row) h1Ratios {
 	var r h1Ratios
@@ -194,6 +206,7 @@ func h1RatiosOf(rows []h1Row) h1Ratios {
 			own, other = other, own
 		}
 		r.RSS = append(r.RSS, own.rssPerCall()/other.rssPerCall())
+		r.Live = append(r.Live, own.liveMemPerCall()/other.liveMemPerCall())
 		r.Heap = append(r.Heap, own.heapPerCall()/other.heapPerCall())
 		r.Goroutines = append(r.Goroutines, own.gorPerCall()/other.gorPerCall())
 		r.CPU = append(r.CPU, own.cpuPerCall()/other.cpuPerCall())
@@ -206,14 +219,14 @@ func h1Section(b *strings.Builder, r *results) {
 		return
 	}
 	w := func(format string, a ...any) { fmt.Fprintf(b, format, a...) }
-	w("## Owners' calls: h1Transport against net/http's Transport\n\nA fresh instance per row, warmed with 50 requests; then N distinct prompts at once, each on its own client connection, whose calls to the plain-HTTP fake upstream are held until the figures are taken, then answered. Per call = (while in flight − idle) / N. Heap in use is read right after a forced collection. CPU is the instance's, from the first request sent to the last answer read. Each run measures both, in alternating order.\n\n")
-	w("| run | transport | in flight | RSS idle → in flight | RSS per call | heap in use per call | goroutines (per call) | open fds | CPU per call | answered 200 by its owner | note |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	w("## Owners' calls: h1Transport against net/http's Transport\n\nA fresh instance per row, warmed with 50 requests; then N distinct prompts at once, each on its own client connection, whose calls to the plain-HTTP fake upstream are held until the figures are taken, then answered. Per call = (while in flight − idle) / N. Heap and stacks in use are read right after a forced collection: the memory the calls hold, where RSS also holds what the collector has not yet given back. CPU is the instance's, from the first request sent to the last answer read. Each run measures both, in alternating order.\n\n")
+	w("| run | transport | in flight | RSS idle → in flight | RSS per call | heap + stacks in use per call | of which heap | goroutines (per call) | open fds | CPU per call | answered 200 by its owner | note |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for i, row := range r.H1 {
-		w("| %d | %s | %d | %.0f → %.0f MiB | %.1f KiB | %.1f KiB | %.0f (%.2f) | %d | %.3f ms | %d of %d | %s |\n", i/2+1, row.Transport, row.N,
-			float64(row.BaseRSS)/(1<<20), float64(row.RSS)/(1<<20), row.rssPerCall()/1024, row.heapPerCall()/1024,
+		w("| %d | %s | %d | %.0f → %.0f MiB | %.1f KiB | %.1f KiB | %.1f KiB | %.0f (%.2f) | %d | %.3f ms | %d of %d | %s |\n", i/2+1, row.Transport, row.N,
+			float64(row.BaseRSS)/(1<<20), float64(row.RSS)/(1<<20), row.rssPerCall()/1024, row.liveMemPerCall()/1024, row.heapPerCall()/1024,
 			row.Goroutines, row.gorPerCall(), row.FDs, row.cpuPerCall()*1000, row.OK, row.N, row.Note)
 	}
 	rt := h1RatiosOf(r.H1)
-	w("\nh1Transport ÷ net/http's Transport, per call (median over runs): RSS %.2f, heap in use %.2f, goroutines %.2f, CPU %.2f.\n\n",
-		median(rt.RSS), median(rt.Heap), median(rt.Goroutines), median(rt.CPU))
+	w("\nh1Transport ÷ net/http's Transport, per call (median over runs): RSS %.2f, heap + stacks in use %.2f (heap %.2f), goroutines %.2f, CPU %.2f.\n\n",
+		median(rt.RSS), median(rt.Live), median(rt.Heap), median(rt.Goroutines), median(rt.CPU))
 }
