@@ -37,7 +37,6 @@ type cfg struct {
 	dupKeys      int // distinct prompts per burst
 	redisN       int
 	rssSizes     []int
-	h1N          int // owners' calls in flight at once in the h1 measurement
 	profileDur   time.Duration
 	keepSamples  bool
 }
@@ -45,20 +44,16 @@ type cfg struct {
 func fullCfg() cfg {
 	return cfg{runs: 3, warm: time.Second, dur: 3 * time.Second, conc: 32, ownerConc: []int{1, 32}, hitConc: []int{1, 32},
 		lagTrials: 40, lagFollowers: 4, dupN: []int{10, 100}, dupKeys: 10, redisN: 200,
-		rssSizes: []int{1000, 10000}, h1N: 10000, profileDur: 5 * time.Second, keepSamples: true}
+		rssSizes: []int{1000, 10000}, profileDur: 5 * time.Second, keepSamples: true}
 }
 
 func quickCfg() cfg {
 	return cfg{quick: true, runs: 1, warm: 300 * time.Millisecond, dur: time.Second, conc: 16, ownerConc: []int{1, 16}, hitConc: []int{1, 16},
 		lagTrials: 8, lagFollowers: 2, dupN: []int{10, 100}, dupKeys: 2, redisN: 20,
-		rssSizes: []int{1000}, h1N: 1000, profileDur: 2 * time.Second, keepSamples: true}
+		rssSizes: []int{1000}, profileDur: 2 * time.Second, keepSamples: true}
 }
 
-var phases = []string{"owner", "hit", "lag", "stream", "dup", "redis", "rss", "pprof", "h1"}
-
-// optIn are the measurements that run only when -only names them: they inform a design
-// decision rather than describe a release.
-var optIn = []string{"h1"}
+var phases = []string{"owner", "hit", "lag", "stream", "dup", "redis", "rss", "pprof"}
 
 func main() {
 	runAsOwners() // the owner process of the rss measurement: see ownersEnv
@@ -66,7 +61,7 @@ func main() {
 	out := flag.String("out", "", "markdown report to write (default BENCHMARKS.md; none with -quick or -only)")
 	resultsDir := flag.String("results", filepath.Join("bench", "results"), "directory for the raw numbers (JSON) and CPU profiles")
 	runs := flag.Int("runs", 0, "runs of each measurement (default 3, 1 with -quick)")
-	only := flag.String("only", "", "comma-separated measurements to run, of "+strings.Join(phases, ",")+" ("+strings.Join(optIn, ",")+" only when named)")
+	only := flag.String("only", "", "comma-separated measurements to run, of "+strings.Join(phases, ","))
 	withNginx := flag.Bool("nginx", true, "measure nginx too (needs the nginx binary: bench/ensure-deps.sh)")
 	flag.Parse()
 
@@ -82,7 +77,7 @@ func main() {
 	}
 	want := map[string]bool{}
 	for _, p := range phases {
-		want[p] = *only == "" && !slices.Contains(optIn, p)
+		want[p] = *only == ""
 	}
 	for _, p := range strings.Split(*only, ",") {
 		if p = strings.TrimSpace(p); p != "" {
@@ -120,7 +115,6 @@ type results struct {
 	Redis    []redisRow     `json:"redis_commands,omitempty"`
 	RSS      []rssRow       `json:"rss,omitempty"`
 	Profiles []profileRow   `json:"profiles,omitempty"`
-	H1       []h1Row        `json:"h1_against_net_http,omitempty"`
 	FDLimit  uint64         `json:"fd_limit"`
 	Failures []string       `json:"failures,omitempty"`
 }
@@ -130,7 +124,7 @@ func run(ctx context.Context, c cfg, want map[string]bool, withNginx bool, out, 
 	load := loadavg()
 	res := &results{Started: started, Command: command(), Config: map[string]any{
 		"quick": c.quick, "runs": c.runs, "warm_s": c.warm.Seconds(), "measure_s": c.dur.Seconds(), "concurrency": c.conc,
-		"lag_trials": c.lagTrials, "lag_followers": c.lagFollowers, "dup_keys": c.dupKeys, "redis_requests": c.redisN, "h1_in_flight": c.h1N,
+		"lag_trials": c.lagTrials, "lag_followers": c.lagFollowers, "dup_keys": c.dupKeys, "redis_requests": c.redisN,
 	}}
 	maxN := slices.Max(c.rssSizes)
 	res.FDLimit = raiseFileLimit(65536)
@@ -185,7 +179,6 @@ func run(ctx context.Context, c cfg, want map[string]bool, withNginx bool, out, 
 		{"redis", "Redis commands per request (INFO commandstats)", func() (err error) { res.Redis, err = e.redisCommands(ctx, c); return }},
 		{"rss", "RSS per waiting request", func() (err error) { res.RSS, err = e.rss(ctx, c, res.FDLimit); return }},
 		{"pprof", "CPU profiles of the owner and hit paths", func() (err error) { res.Profiles, err = e.profiles(ctx, c, resultsDir); return }},
-		{"h1", "owners' calls in flight: h1Transport against net/http's Transport", func() (err error) { res.H1, err = e.h1Compare(ctx, c, res.FDLimit); return }},
 	}
 	// A measurement that fails is reported and the others still run: one flaky step must
 	// not throw away ten minutes of numbers.

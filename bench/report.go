@@ -107,7 +107,6 @@ func report(r *results, raw string) string {
 	redisSection(&b, r)
 	rssSection(&b, r)
 	profileSection(&b, r)
-	h1Section(&b, r)
 	w("## nginx configuration\n\nEach nginx instance has its own cache directory (`proxy_cache_path … keys_zone=llm:16m`), `worker_processes auto`, keep-alive to the upstream; the location is:\n\n```nginx\n%s\n```\n", nginxLocation)
 	return b.String()
 }

@@ -40,10 +40,8 @@ type Config struct {
 	Upstream *url.URL
 	// APIKey, if set, replaces the client's Authorization on upstream calls.
 	APIKey string
-	// Transport makes upstream calls. If nil, NewTransport() does, except the owners' calls
-	// to a plain-HTTP upstream, which go through a leaner HTTP/1.1 client of this
-	// package's, with the same dialer and idle limits (see h1Transport). A Transport given
-	// here makes every call, with all its settings.
+	// Transport makes every upstream call, owners' and passed-through. If nil,
+	// NewTransport() is used.
 	Transport http.RoundTripper
 	// Timeout bounds a passed-through or bypassing request (deduplicated calls are bounded
 	// by the Flights' own timeout). If zero, 10m is used.
@@ -94,7 +92,6 @@ type Proxy struct {
 	router   chi.Router
 	posts    map[string]http.Handler // the deduplicated routes, by literal path
 	pass     http.Handler
-	calls    http.RoundTripper // owners' calls: Transport, or the owners' client over its default
 	draining atomic.Bool
 }
 
@@ -105,10 +102,8 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Upstream == nil || cfg.Flights == nil || cfg.Hasher == nil {
 		return nil, errors.New("proxy: Upstream, Flights and Hasher are required")
 	}
-	calls := cfg.Transport
 	if cfg.Transport == nil {
-		t := NewTransport()
-		cfg.Transport, calls = t, ownersTransport(t)
+		cfg.Transport = NewTransport()
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Minute
@@ -137,7 +132,7 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	p := &Proxy{cfg: cfg, calls: calls}
+	p := &Proxy{cfg: cfg}
 	pass := NewPassthrough(cfg.Upstream, cfg.APIKey, cfg.Transport)
 	pass.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)
 	p.pass = Timeout(cfg.Timeout)(fullDuplex(pass))
@@ -195,8 +190,7 @@ func (p *Proxy) Drain() { p.draining.Store(true) }
 
 // CloseIdleConnections closes the upstream connections kept for the next call, at shutdown.
 func (p *Proxy) CloseIdleConnections() {
-	// The owners' client closes its fallback's too: Transport's.
-	if c, ok := p.calls.(interface{ CloseIdleConnections() }); ok {
+	if c, ok := p.cfg.Transport.(interface{ CloseIdleConnections() }); ok {
 		c.CloseIdleConnections()
 	}
 }

@@ -72,7 +72,7 @@ func (p *Proxy) ownerFunc(route, key string, r *http.Request, body []byte, strea
 		}
 		out.Header = p.forwardHeader(r.Header)
 		out.ContentLength = int64(len(body))
-		resp, err := p.calls.RoundTrip(out)
+		resp, err := p.cfg.Transport.RoundTrip(out)
 		if err != nil {
 			p.cfg.Recorder.Upstream(route, 0, time.Since(start))
 			p.logFailure(route, key, err)
