@@ -1,24 +1,15 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
-)
-
-// Request and response headers of the proxy.
-const (
-	HeaderRole   = "X-Dedupe-Role"
-	HeaderKey    = "X-Dedupe-Key"
-	HeaderBypass = "X-Dedupe-Bypass"
 )
 
 // dedupe serves one deduplicated route.
@@ -276,68 +267,10 @@ func roleHeader(r singleflight.Role) []string {
 	return []string{r.String()}
 }
 
-// failBeforeBytes answers a request whose flight ended before any byte was sent.
-func (p *Proxy) failBeforeBytes(w http.ResponseWriter, ctx context.Context, err error) {
-	switch {
-	case ctx.Err() != nil:
-		// The client left; nobody reads an answer.
-	case errors.Is(err, singleflight.ErrShutdown):
-		writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the proxy is shutting down; retry")
-	case errors.Is(err, singleflight.ErrTimeout):
-		writeError(w, http.StatusGatewayTimeout, "upstream_error", "upstream_timeout", "the upstream API did not answer in time")
-	default:
-		writeError(w, http.StatusBadGateway, "upstream_error", "upstream_failed", "the upstream API call failed on every attempt")
-	}
-}
-
-// sseError is the event that ends a stream whose owner changed mid-answer.
-func sseError(err error) string {
-	msg := "the answer was interrupted: the upstream call streaming it stopped; retry the request"
-	if !errors.Is(err, singleflight.ErrGenerationChanged) {
-		msg = "the answer was interrupted; retry the request"
-	}
-	return "event: error\ndata: " + string(errorJSON("server_error", "stream_interrupted", msg)) + "\n\n"
-}
-
-// keyPath is the path and, if there is one, the query of a request, in the form the key is
-// made of: the query is sent upstream (Azure-style APIs choose the API version there), so
-// it is part of the key, its parameters sorted.
-func keyPath(u *url.URL) string {
-	if u.RawQuery == "" {
-		return u.Path
-	}
-	q, err := url.ParseQuery(u.RawQuery)
-	if err != nil {
-		return u.Path + "?" + u.RawQuery
-	}
-	return u.Path + "?" + q.Encode()
-}
-
 // shortModel is a model name as the flights listing shows it: clients choose it.
 func shortModel(m string) string {
 	if len(m) > 100 {
 		return m[:100]
 	}
 	return m
-}
-
-func isSSE(h map[string][]string) bool {
-	for _, v := range h["Content-Type"] {
-		if strings.HasPrefix(strings.ToLower(v), "text/event-stream") {
-			return true
-		}
-	}
-	return false
-}
-
-// requestInfo is what the handler learnt, for the request's log line.
-type requestInfo struct {
-	role   string
-	key    string
-	broken bool
-	// abort: the answer must not look whole to the client (its own answer cut short, or a
-	// client taken for gone, which may still be reading a half-closed connection): the
-	// connection is closed with no clean end, once the request is logged.
-	abort bool
-	start time.Time
 }

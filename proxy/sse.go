@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"strings"
 
@@ -69,6 +70,24 @@ func complete(route string, t *tail) bool {
 		return t.endsWithDone()
 	case strings.HasSuffix(route, "/responses"):
 		return t.lastEvent() == "response.completed"
+	}
+	return false
+}
+
+// sseError is the event that ends a stream whose owner changed mid-answer.
+func sseError(err error) string {
+	msg := "the answer was interrupted: the upstream call streaming it stopped; retry the request"
+	if !errors.Is(err, singleflight.ErrGenerationChanged) {
+		msg = "the answer was interrupted; retry the request"
+	}
+	return "event: error\ndata: " + string(errorJSON("server_error", "stream_interrupted", msg)) + "\n\n"
+}
+
+func isSSE(h map[string][]string) bool {
+	for _, v := range h["Content-Type"] {
+		if strings.HasPrefix(strings.ToLower(v), "text/event-stream") {
+			return true
+		}
 	}
 	return false
 }

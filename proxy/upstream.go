@@ -37,22 +37,6 @@ func replayed(name string) bool {
 	return false
 }
 
-// outcomeOf is the policy for an upstream status: what may be shared and stored.
-func outcomeOf(status int) singleflight.Outcome {
-	switch {
-	case status/100 == 2:
-		return singleflight.Store
-	case status == http.StatusRequestTimeout:
-		return singleflight.Retry
-	case status/100 == 4:
-		// 400, 401, 403, 404, 422 and 429 (with its Retry-After) are what the same
-		// request would get again: shared with this flight, never stored.
-		return singleflight.Share
-	default:
-		return singleflight.Retry
-	}
-}
-
 // ownerFunc returns the upstream call of a flight, made with this client's request.
 // The request's headers and URL are read only if it becomes an owner (most requests are
 // followers or hits); nothing writes them after the handler has read the body, and the
@@ -229,31 +213,4 @@ func (p *Proxy) pump(ctx context.Context, cancel context.CancelCauseFunc, body i
 			return err
 		}
 	}
-}
-
-// failure is an answer made by the proxy in the OpenAI error shape, for a failed attempt.
-func failure(status int, code, msg string) singleflight.Result {
-	return failureOf("upstream_error", status, code, msg)
-}
-
-// failureOf is failure with the error's type: server_error for what the proxy did.
-func failureOf(typ string, status int, code, msg string) singleflight.Result {
-	return singleflight.Result{
-		Head:    singleflight.Head{Status: status, Header: map[string][]string{"Content-Type": {"application/json"}}},
-		Body:    append(errorJSON(typ, code, msg), '\n'),
-		Outcome: singleflight.Retry,
-	}
-}
-
-func transportFailure(ctx context.Context, err error) singleflight.Result {
-	cause := context.Cause(ctx)
-	switch {
-	case errors.Is(cause, singleflight.ErrShutdown):
-		return failureOf("server_error", http.StatusServiceUnavailable, "shutting_down", "the proxy is shutting down; retry")
-	case errors.Is(err, errIdle) || errors.Is(cause, errIdle):
-		return failure(http.StatusGatewayTimeout, "upstream_idle_timeout", "the upstream API stopped sending")
-	case errors.Is(cause, singleflight.ErrTimeout) || isTimeout(err):
-		return failure(http.StatusGatewayTimeout, "upstream_timeout", "the upstream API did not answer in time")
-	}
-	return failure(http.StatusBadGateway, "upstream_unavailable", "the upstream API could not be reached")
 }
