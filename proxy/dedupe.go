@@ -12,102 +12,93 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
-// dedupe serves one deduplicated route.
+// dedupe serves one deduplicated route: it reads a request's body, makes its key and
+// answers it from the flight of that key, unless the request goes straight upstream.
 func (p *Proxy) dedupe(route string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		st := stateFrom(r.Context())
 		if st == nil { // not behind ServeHTTP's guard
 			st = &reqState{}
 		}
-		info := &st.info
 		if r.Header.Get(HeaderBypass) == "1" || encoded(r.Header) {
 			// Straight upstream: asked for, or a compressed body the key cannot see into.
-			info.role = "bypass"
+			st.info.role = "bypass"
 			w.Header().Set(HeaderRole, "bypass")
 			p.pass.ServeHTTP(w, r)
 			return
 		}
-		tooLarge := func() {
-			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
-				"the request body is larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes")
-		}
-		if r.ContentLength > p.cfg.MaxBodyBytes {
-			tooLarge() // at once, without waiting for a body that would be refused
+		body, ok := p.readRequest(w, r)
+		if !ok {
 			return
 		}
-		body, err := readBody(w, r, p.cfg.MaxBodyBytes)
-		if err != nil {
-			var tooBig *http.MaxBytesError
-			switch {
-			case errors.As(err, &tooBig):
-				tooLarge()
-				return
-			case errors.Is(err, errBodyTimeout):
-				writeBodyTimeout(w)
-				return
-			}
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "body_unreadable", "the request body could not be read")
+		req, cc, ok := p.keyOf(w, r, body)
+		if !ok {
 			return
 		}
-		ns := r.Header.Get(HeaderNamespace)
-		if len(r.Header.Values(HeaderNamespace)) > 1 {
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_namespace",
-				"send only one "+HeaderNamespace+" header")
-			return
-		}
-		if !validNamespace(ns) {
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_namespace",
-				HeaderNamespace+" must be at most 64 letters, digits and . _ - :")
-			return
-		}
-		gen, genErr := p.cfg.Flights.Generation(r.Context(), ns)
-		req, err := p.cfg.Hasher.KeyIn(hashing.Namespace{Name: ns, Gen: gen}, r.Method, keyPath(r.URL), r.Header, body)
-		if err != nil {
-			msg := "the request body is not valid JSON"
-			if errors.Is(err, hashing.ErrInvalidJSON) {
-				msg = "the request body is not a valid JSON object: " + strings.TrimPrefix(err.Error(), "hashing: invalid JSON: ")
-			}
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", msg)
-			return
-		}
-		info.key = req.Key
-		cc := cacheControl(r.Header)
-		if genErr != nil {
-			// The namespace may have been purged: its stored answers are neither served
-			// nor made.
-			cc.noCache, cc.noStore = true, true
-		}
-		ho := &st.ho
-		ho.wait.Context = r.Context()
-		defer ho.close()
-		fn := p.ownerFunc(route, req.Key, r, body, req.Stream, p.storePolicy(route, req.Model, cc.noStore), ho)
-		// A unary answer is read whole before any of it is sent: a request that starts
-		// its flight runs the call itself (no goroutine of the flight's own), and an answer
-		// too large to share is written to it straight from the call.
-		inline := !req.Stream
-		if inline {
-			ho.inlineW, ho.inlineKey = w, req.Key
-			p.cfg.Recorder.WaitingAdd(1)
-		}
-		rd, err := p.cfg.Flights.DoWith(req.Key, singleflight.CallOptions{
-			NoCache: cc.noCache, MaxAge: cc.maxAge, Route: route, Model: shortModel(req.Model), Inline: inline,
-		}, fn)
-		if inline {
-			p.cfg.Recorder.WaitingAdd(-1)
-		}
-		if err != nil {
-			writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the proxy is shutting down")
-			return
-		}
-		defer rd.Close()
-		if served, cut := ho.endInline(); served {
-			info.role = singleflight.RoleOwner.String()
-			info.abort = cut != nil // its own answer, cut short: not a whole one
-			info.broken = cut != nil
-			return
-		}
-		p.respond(w, r, route, req, &source{rd: rd, ho: ho}, info)
+		st.info.key = req.Key
+		p.join(w, r, route, req, cc, body, st)
 	}
+}
+
+// readRequest reads a request's body, or answers why it cannot: larger than MaxBodyBytes
+// (at once when its Content-Length says so), stalled, or cut short.
+func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	tooLarge := func() {
+		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+			"the request body is larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes")
+	}
+	if r.ContentLength > p.cfg.MaxBodyBytes {
+		tooLarge() // at once, without waiting for a body that would be refused
+		return nil, false
+	}
+	body, err := readBody(w, r, p.cfg.MaxBodyBytes)
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			tooLarge()
+		case errors.Is(err, errBodyTimeout):
+			writeBodyTimeout(w)
+		default:
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "body_unreadable", "the request body could not be read")
+		}
+		return nil, false
+	}
+	return body, true
+}
+
+// join answers a request from the flight of its key, started by it if there is none. A
+// unary answer is read whole before any of it is sent: a request that starts its flight
+// runs the call itself (no goroutine of the flight's own), and an answer too large to
+// share is written to it straight from the call. See ADR 0029.
+func (p *Proxy) join(w http.ResponseWriter, r *http.Request, route string, req hashing.Request, cc controls, body []byte, st *reqState) {
+	info, ho := &st.info, &st.ho
+	ho.wait.Context = r.Context()
+	defer ho.close()
+	fn := p.ownerFunc(route, req.Key, r, body, req.Stream, p.storePolicy(route, req.Model, cc.noStore), ho)
+	inline := !req.Stream
+	if inline {
+		ho.inlineW, ho.inlineKey = w, req.Key
+		p.cfg.Recorder.WaitingAdd(1)
+	}
+	rd, err := p.cfg.Flights.DoWith(req.Key, singleflight.CallOptions{
+		NoCache: cc.noCache, MaxAge: cc.maxAge, Route: route, Model: shortModel(req.Model), Inline: inline,
+	}, fn)
+	if inline {
+		p.cfg.Recorder.WaitingAdd(-1)
+	}
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the proxy is shutting down")
+		return
+	}
+	defer rd.Close()
+	if served, cut := ho.endInline(); served {
+		info.role = singleflight.RoleOwner.String()
+		info.abort = cut != nil // its own answer, cut short: not a whole one
+		info.broken = cut != nil
+		return
+	}
+	p.respond(w, r, route, req, &source{rd: rd, ho: ho}, info)
 }
 
 // encoded reports whether a request body has a Content-Encoding, in any of the header's

@@ -1,8 +1,12 @@
 package proxy
 
 import (
+	"errors"
+	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
 )
 
 // HeaderNamespace names a request's namespace: part of its key, so that an application
@@ -39,4 +43,36 @@ func keyPath(u *url.URL) string {
 		return u.Path + "?" + u.RawQuery
 	}
 	return u.Path + "?" + q.Encode()
+}
+
+// keyOf makes a request's key in the namespace it names, or answers why it cannot. A
+// namespace whose generation could not be read may have been purged: the request neither
+// gets nor makes a stored answer (its controls say no-cache, no-store).
+func (p *Proxy) keyOf(w http.ResponseWriter, r *http.Request, body []byte) (hashing.Request, controls, bool) {
+	ns := r.Header.Get(HeaderNamespace)
+	if len(r.Header.Values(HeaderNamespace)) > 1 {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_namespace",
+			"send only one "+HeaderNamespace+" header")
+		return hashing.Request{}, controls{}, false
+	}
+	if !validNamespace(ns) {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_namespace",
+			HeaderNamespace+" must be at most 64 letters, digits and . _ - :")
+		return hashing.Request{}, controls{}, false
+	}
+	gen, genErr := p.cfg.Flights.Generation(r.Context(), ns)
+	req, err := p.cfg.Hasher.KeyIn(hashing.Namespace{Name: ns, Gen: gen}, r.Method, keyPath(r.URL), r.Header, body)
+	if err != nil {
+		msg := "the request body is not valid JSON"
+		if errors.Is(err, hashing.ErrInvalidJSON) {
+			msg = "the request body is not a valid JSON object: " + strings.TrimPrefix(err.Error(), "hashing: invalid JSON: ")
+		}
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", msg)
+		return hashing.Request{}, controls{}, false
+	}
+	cc := cacheControl(r.Header)
+	if genErr != nil {
+		cc.noCache, cc.noStore = true, true
+	}
+	return req, cc, true
 }
