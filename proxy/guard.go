@@ -106,6 +106,8 @@ type timedBody struct {
 	timedOut atomic.Bool
 }
 
+var _ io.ReadCloser = (*timedBody)(nil)
+
 func (b *timedBody) Read(p []byte) (int, error) {
 	if b.ended {
 		return b.body.Read(p)

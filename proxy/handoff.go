@@ -53,6 +53,11 @@ type handWriter interface {
 	CloseWithError(error) error
 }
 
+var (
+	_ handWriter = (*inlineWriter)(nil)
+	_ handWriter = (*io.PipeWriter)(nil)
+)
+
 // take hands the rest of the answer over: the client has been given, or will be given,
 // shared bytes of it from the flight, and reads the rest from the returned writer. false
 // when its handler reads no more (its client left, or it was already answered).

@@ -90,6 +90,8 @@ type toolCallScan struct {
 	found bool
 }
 
+var _ io.Reader = (*toolCallScan)(nil)
+
 func (s *toolCallScan) Read(p []byte) (int, error) {
 	n, err := s.r.Read(p)
 	if n > 0 && !s.found {

@@ -26,6 +26,8 @@ type Flights interface {
 	Degraded() bool
 }
 
+var _ Flights = (*singleflight.Group)(nil)
+
 // Recorder receives the proxy's measurements; *metrics.Metrics is one.
 type Recorder interface {
 	Request(route, role string, code int, d time.Duration)
@@ -204,6 +206,8 @@ func (p *Proxy) upstreamURL(path, rawQuery string) string {
 }
 
 type nopRecorder struct{}
+
+var _ Recorder = nopRecorder{}
 
 func (nopRecorder) Request(string, string, int, time.Duration) {}
 func (nopRecorder) Upstream(string, int, time.Duration)        {}

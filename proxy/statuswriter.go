@@ -32,6 +32,14 @@ type statusWriter struct {
 	send     time.Duration
 }
 
+// What http.ResponseController and the reverse proxy look for in the writer.
+var _ interface {
+	http.ResponseWriter
+	http.Hijacker
+	FlushError() error
+	Unwrap() http.ResponseWriter
+} = (*statusWriter)(nil)
+
 func (w *statusWriter) WriteHeader(code int) {
 	switch {
 	case code >= 100 && code <= 199 && code != http.StatusSwitchingProtocols:

@@ -19,6 +19,8 @@ type waitCtx struct {
 	woken  bool
 }
 
+var _ context.Context = (*waitCtx)(nil)
+
 func (c *waitCtx) get() context.Context {
 	c.mu.Lock()
 	defer c.mu.Unlock()
