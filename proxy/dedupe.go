@@ -102,7 +102,7 @@ func (p *Proxy) join(w http.ResponseWriter, r *http.Request, route string, req h
 }
 
 // encoded reports whether a request body has a Content-Encoding, in any of the header's
-// lines or list items: identity, which says it has none, is not one.
+// lines or list items: identity, which says it has none, is not one. See ADR 0031.
 func encoded(h http.Header) bool {
 	for e := range listItems(h, "Content-Encoding") {
 		if e != "" && !strings.EqualFold(e, "identity") {
@@ -113,12 +113,10 @@ func encoded(h http.Header) bool {
 }
 
 // readBody reads a request body of at most max bytes. One whose length the client gave
-// (no more than max: checked before) is read into a buffer of that size, where io.ReadAll
-// would grow one from 512 bytes, copying, in three allocations for a 1 KB request; the
-// server ends such a body at its Content-Length. One of unknown length is read through
-// MaxBytesReader, which also tells the server to close the connection past the bound.
-// The buffer is not pooled: an owner function keeps the body as long as its flight may
-// call the upstream again, which can be after this handler has returned.
+// (no more than max: checked before) is read into one buffer of that size, not grown; one
+// of unknown length through MaxBytesReader, which also has the server close the connection
+// past the bound. The buffer is not pooled: an owner function may call the upstream with
+// it after this handler has returned.
 func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) {
 	if r.ContentLength < 0 {
 		return io.ReadAll(http.MaxBytesReader(w, r.Body, max))
@@ -155,8 +153,8 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 		return
 	}
 	if ctx.Err() != nil {
-		// The client left before its answer (an owner whose call ran on: it is stored):
-		// nothing is written, and it is counted as gone (logRequests).
+		// The client left before its answer: nothing is written, and it is counted as
+		// gone (see ADR 0038).
 		return
 	}
 	head := rd.head()
@@ -165,9 +163,8 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 		age = rd.rd.Age()
 	}
 	sse := writeHead(w, head, role, req.Key, age)
-	// A follower or a hit counts the tokens it saved, from the usage its answer reports:
-	// a stored answer's was read when it was kept (see AnnotateUsage); else it is read
-	// from the end of the bytes sent.
+	// A follower or a hit counts the tokens it saved, from its answer's usage: noted when
+	// a stored answer was kept, else read from the end of the bytes sent. See ADR 0034.
 	counted := (role == singleflight.RoleFollower || role == singleflight.RoleHit) && head.Status/100 == 2
 	note, noted := head.Note.(usageNote)
 	var tail *tail
@@ -203,9 +200,8 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 			}
 			info.broken = true
 			ok = false
-			// Its own answer cut short, or a client gone (see requestInfo.abort): the
-			// client must see a broken answer, not a whole one (a chunked body would end
-			// cleanly).
+			// Its own answer cut short, or a client gone: the connection is closed, so
+			// that a chunked body does not end cleanly (requestInfo.abort).
 			info.abort = (rd.priv && !sse) || ctx.Err() != nil
 		}
 	}
@@ -224,8 +220,8 @@ func writeHead(w http.ResponseWriter, head singleflight.Head, role singleflight.
 	for k, vs := range head.Header {
 		h[k] = vs
 	}
-	// Set would make a slice for each value: the role's are shared, and the key and the
-	// age share one array, each slice capped so that an append cannot reach the other.
+	// No slice per value, as Set would make: the role's are shared, the key and the age
+	// share one array, each capped so that an append cannot reach the other.
 	h[HeaderRole] = roleHeader(role)
 	vals := &[2]string{key}
 	h[HeaderKey] = vals[0:1:1]

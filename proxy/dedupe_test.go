@@ -124,8 +124,8 @@ func TestOverLimitContentLengthAnsweredAtOnce(t *testing.T) {
 }
 
 // TestTruncatedBodyIsABadRequest: a body cut short of its Content-Length, by a client that
-// then half-closes (it still reads), is answered 400, as nginx does (and counts it); a
-// version that took it for a client gone answered nothing, and net/http then sent 200.
+// then half-closes (it still reads), is answered 400, as nginx does (and counts it), not
+// taken for a client gone.
 func TestTruncatedBodyIsABadRequest(t *testing.T) {
 	up := startUpstream(t)
 	in := newInstance(t, up, setup{})

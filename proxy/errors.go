@@ -10,6 +10,7 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
+// isTimeout reports whether err is a deadline's, of a context or of a connection.
 func isTimeout(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) {
 		return true
@@ -54,6 +55,8 @@ func failureOf(typ string, status int, code, msg string) singleflight.Result {
 	}
 }
 
+// transportFailure is the answer of an attempt whose call failed: why, as far as ctx's
+// cause and err tell.
 func transportFailure(ctx context.Context, err error) singleflight.Result {
 	cause := context.Cause(ctx)
 	switch {

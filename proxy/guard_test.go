@@ -17,8 +17,7 @@ import (
 // TestStalledBodyIsCutOff: a client that sends the headers and part of a body, then
 // stops, is answered 408 once proxy.Config.BodyReadTimeout passes without a read, on a
 // deduplicated route and on a passed-through one; it does not hold the connection: the
-// server closes it after the answer (it used to wait, with no deadline, for the rest of a
-// body whose Content-Length said more was coming).
+// server closes it after the answer, not waiting for the rest of the body.
 func TestStalledBodyIsCutOff(t *testing.T) {
 	up := startUpstream(t)
 	in := newInstance(t, up, setup{proxy: func(c *proxy.Config) { c.BodyReadTimeout = 200 * time.Millisecond }})
@@ -145,8 +144,7 @@ func TestBodyTimeoutEndsWithTheBody(t *testing.T) {
 }
 
 // TestAsteriskTargetRefused: a request target that is no path ("*", which only OPTIONS may
-// use, and net/http answers itself) is refused as a bad path, in JSON; the router answered
-// a plain-text 404.
+// use, and net/http answers itself) is refused as a bad path, in JSON.
 func TestAsteriskTargetRefused(t *testing.T) {
 	up := startUpstream(t)
 	in := newInstance(t, up, setup{})

@@ -11,14 +11,10 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
-// An answer larger than MaxResponseBytes is not shared: the flight's log, the stored
-// transcript and a Redis stream would hold it all. The client whose request made the call
-// still gets it whole: past the limit, the owner function hands the rest of the upstream
-// body to that client's handler through a pipe, outside the flight, and reads the
-// upstream at the speed that client reads. The flight itself ends with an error for
-// everyone else (Outcome Share: told at once, never retried, never stored): a unary
-// answer's waiters get 502 upstream_too_large, a stream's get what was shared so far and
-// an SSE error event. No new outcome is needed in package singleflight.
+// An answer larger than MaxResponseBytes is not shared: past the limit, the owner function
+// hands the rest to the client whose request made the call, outside the flight, at that
+// client's pace; everyone else's flight ends with an error (Outcome Share: never retried,
+// never stored). See ADR 0035.
 
 // errClientGone ends a handoff whose client stopped reading.
 var errClientGone = errors.New("proxy: the client of the call left")

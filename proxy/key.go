@@ -33,7 +33,7 @@ func validNamespace(ns string) bool {
 
 // keyPath is the path and, if there is one, the query of a request, in the form the key is
 // made of: the query is sent upstream (Azure-style APIs choose the API version there), so
-// it is part of the key, its parameters sorted.
+// it is part of the key, its parameters sorted. See ADR 0044.
 func keyPath(u *url.URL) string {
 	if u.RawQuery == "" {
 		return u.Path
@@ -47,7 +47,7 @@ func keyPath(u *url.URL) string {
 
 // keyOf makes a request's key in the namespace it names, or answers why it cannot. A
 // namespace whose generation could not be read may have been purged: the request neither
-// gets nor makes a stored answer (its controls say no-cache, no-store).
+// gets nor makes a stored answer (its controls say no-cache, no-store). See ADR 0047.
 func (p *Proxy) keyOf(w http.ResponseWriter, r *http.Request, body []byte) (hashing.Request, controls, bool) {
 	ns := r.Header.Get(HeaderNamespace)
 	if len(r.Header.Values(HeaderNamespace)) > 1 {

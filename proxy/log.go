@@ -26,9 +26,8 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 			ww := &st.w
 			*ww = statusWriter{ResponseWriter: w, draining: &p.draining, send: p.cfg.SendTimeout}
 			// The line is written and the request counted whether next returns or panics
-			// (the reverse proxy ends an answer whose copy failed with
-			// http.ErrAbortHandler): a panic is not recovered, so that it goes on with its
-			// own stack.
+			// (the reverse proxy aborts an answer whose copy failed); a panic is not
+			// recovered, so that it keeps its stack.
 			panicking := true
 			defer func() { p.finish(route, r, ww, info, panicking) }()
 			next.ServeHTTP(ww, r)
@@ -38,7 +37,8 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 }
 
 // finish records and logs a request once its handler has returned or panicked, and ends
-// with http.ErrAbortHandler one whose answer must not look whole (requestInfo.abort).
+// with http.ErrAbortHandler one whose answer must not look whole (requestInfo.abort). See
+// ADR 0038.
 func (p *Proxy) finish(route string, r *http.Request, ww *statusWriter, info *requestInfo, panicking bool) {
 	if ww.status != 0 {
 		// The server's last write (a chunked body's end) comes after the handler, maybe
@@ -62,9 +62,8 @@ func (p *Proxy) finish(route string, r *http.Request, ww *statusWriter, info *re
 		p.logRequest(r, route, info, status, d)
 	}
 	if !panicking && (info.abort || (ww.status == 0 && r.Context().Err() != nil)) {
-		// Nothing written, the client taken for gone: net/http would send an empty 200,
-		// which a client still reading a half-closed connection takes for an answer.
-		// Closing the connection says what happened, as nginx's 499 does.
+		// Nothing written to a client taken for gone: net/http would send an empty 200;
+		// the connection is closed instead, as nginx does for its 499.
 		panic(http.ErrAbortHandler)
 	}
 }
@@ -90,8 +89,7 @@ type requestInfo struct {
 	key    string
 	broken bool
 	// abort: the answer must not look whole to the client (its own answer cut short, or a
-	// client taken for gone, which may still be reading a half-closed connection): the
-	// connection is closed with no clean end, once the request is logged.
+	// client taken for gone): the connection is closed, once the request is logged.
 	abort bool
 	start time.Time
 }

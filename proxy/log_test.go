@@ -64,10 +64,9 @@ func TestAbortedAnswersAreLogged(t *testing.T) {
 
 // TestClientThatLeftGetsNoFalseAnswer: a client that half-closes its connection after its
 // request (as `nc -N` does) is taken for gone, as net/http cancels its request; it still
-// reads, so what it reads must not look like a whole answer. A follower that left before
-// its answer used to get net/http's default, an empty 200; one that left mid-stream, a
-// cleanly ended chunked body. Both now find the connection closed, and are counted 499
-// in the role they had.
+// reads, so what it reads must not look like a whole answer: not an empty 200, not a
+// cleanly ended chunked body. It finds the connection closed, and is counted 499 in the
+// role it had.
 func TestClientThatLeftGetsNoFalseAnswer(t *testing.T) {
 	// send writes body as a request on a new connection, whose reader is returned.
 	send := func(t *testing.T, base, body string) (*bufio.Reader, *net.TCPConn) {
@@ -194,9 +193,8 @@ type lineWriter chan string
 
 func (c lineWriter) Write(p []byte) (int, error) { c <- string(p); return len(p), nil }
 
-// TestUpgradeIsLoggedWithItsStatus: a passed-through upgrade is logged with its 101; the
-// reverse proxy writes that status on the hijacked connection, so it was logged 499, as a
-// client that left before an answer.
+// TestUpgradeIsLoggedWithItsStatus: a passed-through upgrade is logged with its 101, which
+// the reverse proxy writes on the hijacked connection, not as a client that left (499).
 func TestUpgradeIsLoggedWithItsStatus(t *testing.T) {
 	api := httptest.NewServer(http.HandlerFunc(upgrade))
 	defer api.Close()

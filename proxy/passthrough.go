@@ -64,12 +64,8 @@ func NewPassthrough(target *url.URL, apiKey string, transport http.RoundTripper)
 }
 
 // fullDuplex lets the reverse proxy's transport go on reading the request body, to send it
-// upstream, while the answer is being written. By default net/http's HTTP/1 server
-// consumes what is left of a request body as the answer's head goes out, and closes it:
-// an upstream that answers before it has read the whole body then waited for a body that
-// never came, and, under load, the transport's last read of an ordinary body (the check
-// for its end) met the closed body and closed the upstream connection, cutting the stream
-// it carried.
+// upstream, while the answer is being written: net/http's HTTP/1 server would otherwise
+// close the body as the answer's head goes out. See ADR 0037.
 func fullDuplex(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_ = http.NewResponseController(w).EnableFullDuplex() // HTTP/2 is full duplex already

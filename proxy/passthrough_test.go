@@ -13,15 +13,10 @@ import (
 )
 
 // TestPassedThroughBodyGoesOnAfterTheAnswerBegins: the reverse proxy's transport writes
-// the request body upstream while the answer comes back. net/http's server, by default,
-// consumes what is left of a request body and closes it as the answer's head is written;
-// the transport, reading the body after that, then failed and closed the upstream
-// connection, cutting the stream it carried. Under load it happened to ordinary
-// requests too, between the transport's last body write and its check for the body's end
-// (TestStreamEndingAfterAQuietSpellEndsCleanly, one run in ten to twenty-five). Here the
-// upstream answers before it reads the body, and the client sends the body's second half
-// only once the answer has begun: the upstream must still get the whole body, and the
-// client the whole stream.
+// the request body upstream while the answer comes back (full duplex). Here the upstream
+// answers before it reads the body, and the client sends the body's second half only once
+// the answer has begun: the upstream must still get the whole body, and the client the
+// whole stream.
 func TestPassedThroughBodyGoesOnAfterTheAnswerBegins(t *testing.T) {
 	gotBody := make(chan string, 1)
 	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

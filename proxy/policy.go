@@ -61,7 +61,7 @@ type storing struct {
 }
 
 // storePolicy is the storing of a request: the first StoreRule that matches decides the
-// TTL (0: not stored), then the client's no-store.
+// TTL (0: not stored), then the client's no-store. See ADR 0049.
 func (p *Proxy) storePolicy(route, model string, noStore bool) storing {
 	s := storing{noStore: noStore, noToolCalls: p.cfg.NoStoreToolCalls}
 	for _, r := range p.cfg.StoreRules {
@@ -115,7 +115,7 @@ type controls struct {
 
 // cacheControl reads no-cache, no-store and max-age=N. max-age=0 is no-cache: a stored
 // answer is not served, an upstream call in flight is still joined. A max-age that is not
-// a number is ignored.
+// a number is ignored. See ADR 0048.
 func cacheControl(h http.Header) controls {
 	var c controls
 	for d := range listItems(h, "Cache-Control") {
@@ -139,7 +139,8 @@ func cacheControl(h http.Header) controls {
 	return c
 }
 
-// outcomeOf is the policy for an upstream status: what may be shared and stored.
+// outcomeOf is the policy for an upstream status: what may be shared and stored. See ADR
+// 0033.
 func outcomeOf(status int) singleflight.Outcome {
 	switch {
 	case status/100 == 2:

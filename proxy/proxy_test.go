@@ -12,8 +12,7 @@ import (
 )
 
 // TestExtensionMethodsPassThrough: every method but a deduplicated POST is passed through,
-// an extension method (WebDAV's PROPFIND, any other token) too; chi answered them 405 with
-// no body, before looking at routes.
+// an extension method (WebDAV's PROPFIND, any other token) too.
 func TestExtensionMethodsPassThrough(t *testing.T) {
 	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, r.Method+" "+r.URL.Path)

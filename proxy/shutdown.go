@@ -15,12 +15,13 @@ func (p *Proxy) CloseIdleConnections() {
 	}
 }
 
+// healthz answers 200 while the process serves at all.
 func (p *Proxy) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// readyz reports the backend; it answers 503 only when the instance cannot serve at all.
-// A degraded Redis backend still serves (local-only dedupe), so it is ready.
+// readyz reports the backend; it answers 503 only while the instance drains. A degraded
+// Redis backend still serves (local-only dedupe), so it is ready. See ADR 0040.
 func (p *Proxy) readyz(w http.ResponseWriter, _ *http.Request) {
 	status := http.StatusOK
 	state := "ready"

@@ -10,11 +10,10 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
-// relay forwards a streamed (SSE) answer to the flight as it arrives: local readers get
-// each read at once, followers elsewhere in batches. Only a stream that ended properly may
-// be stored (see complete); any other is shared with this flight's waiters only. Past
-// MaxResponseBytes the rest goes to its own client only (large), through ho, and the
-// others' stream ends with an error event.
+// relay forwards a streamed (SSE) answer to the flight as it arrives. Only a stream that
+// ended properly may be stored (see complete); any other is shared with this flight's
+// waiters only. Past MaxResponseBytes the rest goes to its own client only (large),
+// through ho, and the others' stream ends with an error event.
 func (p *Proxy) relay(ctx context.Context, cancel context.CancelCauseFunc, body io.Reader, w *singleflight.Writer, head singleflight.Head, route string, ho *handoff) (singleflight.Result, bool, error) {
 	w.WriteHead(head)
 	end := newTail(true)
@@ -62,8 +61,7 @@ func (p *Proxy) relay(ctx context.Context, cancel context.CancelCauseFunc, body 
 
 // complete reports whether a stream ended as its API ends a whole answer: "data: [DONE]"
 // for Chat Completions and Completions; a last event response.completed for the Responses
-// API (not response.failed or response.incomplete). On any other route a stream is never
-// known to be whole.
+// API. On any other route a stream is never known to be whole. See ADR 0033.
 func complete(route string, t *tail) bool {
 	switch {
 	case strings.HasSuffix(route, "/completions"):
@@ -83,6 +81,7 @@ func sseError(err error) string {
 	return "event: error\ndata: " + string(errorJSON("server_error", "stream_interrupted", msg)) + "\n\n"
 }
 
+// isSSE reports whether a head's Content-Type is a stream of server-sent events.
 func isSSE(h map[string][]string) bool {
 	for _, v := range h["Content-Type"] {
 		if strings.HasPrefix(strings.ToLower(v), "text/event-stream") {

@@ -8,23 +8,18 @@ import (
 	"time"
 )
 
-// statusWriter records the status of an answer for its log line and metrics, as chi's
-// middleware.WrapResponseWriter did, without its two allocations: it is kept in the
-// request's state. Like it, it passes an informational status (1xx but 101) on without
-// taking it for the answer's, passes on only the first other one, and takes a Write or a
-// flush before any WriteHeader for 200. A hijack (an upgrade) is taken for its 101 (see
-// Hijack); everything else the server's writer can do (deadlines) is reached through
-// Unwrap, as http.ResponseController does.
+// statusWriter is the client's writer, kept in the request's state. It records the
+// answer's status for its log line and metrics: an informational status (1xx but 101) is
+// passed on without being taken for it, only the first other one is passed on, a Write or
+// a flush before any WriteHeader is a 200, and a hijack (an upgrade) a 101. The rest of
+// the server's writer is reached through Unwrap, as http.ResponseController does.
 //
-// While the proxy drains, the answer's status line gets Connection: close, so that the
-// client's next request opens a connection through the load balancer. It is added as the
-// status is written, not when the request arrives: an answer begun before the drain
-// closes its connection too, and a reverse proxy that clears the header after a 1xx does
-// not lose it. A 101 never comes here (the reverse proxy writes it on the hijacked
-// connection), so an upgrade keeps its Connection: Upgrade alone.
+// While the proxy drains, the status line gets Connection: close, added as the status is
+// written so that an answer begun before the drain closes its connection too. See ADR
+// 0040.
 //
 // Each write and flush gives the connection SendTimeout to take the bytes: a client that
-// stops reading cannot hold its connection, goroutine and answer forever.
+// stops reading cannot hold its connection and answer forever. See ADR 0036.
 type statusWriter struct {
 	http.ResponseWriter
 	status   int

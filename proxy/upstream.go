@@ -15,8 +15,7 @@ import (
 
 // dropRequestHeaders are not forwarded by an owner: hop-by-hop headers, the proxy's own
 // controls, Expect (the whole body is sent at once), and Accept-Encoding (the transport
-// asks for gzip itself and decompresses, so that the bytes shared with followers are
-// plain whatever each of them accepts).
+// asks for gzip itself and decompresses; see ADR 0031).
 var dropRequestHeaders = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Accept-Encoding",
@@ -37,13 +36,10 @@ func replayed(name string) bool {
 	return false
 }
 
-// ownerFunc returns the upstream call of a flight, made with this client's request.
-// The request's headers and URL are read only if it becomes an owner (most requests are
-// followers or hits); nothing writes them after the handler has read the body, and the
-// server does not reuse a Request, so the function may read them after the handler
-// returned.
-// st is how the answer may be stored; ho passes an answer too large to share to this
-// client (see handoff).
+// ownerFunc returns the upstream call of a flight, made with this client's request, which
+// it may read after the handler returned: nothing writes the request once its body is
+// read. st is how the answer may be stored; ho passes an answer too large to share to
+// this client (see handoff).
 func (p *Proxy) ownerFunc(route, key string, r *http.Request, body []byte, stream bool, st storing, ho *handoff) singleflight.Func {
 	return func(ctx context.Context, w *singleflight.Writer) (singleflight.Result, error) {
 		start := time.Now()
@@ -171,15 +167,15 @@ func (p *Proxy) readWhole(ctx context.Context, cancel context.CancelCauseFunc, b
 	}
 	b := buf.Bytes()
 	if cap(b)-len(b) > len(b)/8 {
-		// The buffer grew by doubling: kept for ResultTTL as it is, up to half of it
-		// would be spare capacity that no bound on stored bytes sees.
+		// A buffer grown by doubling is kept at its length: spare capacity held for
+		// ResultTTL would escape every bound on stored bytes.
 		b = bytes.Clone(b)
 	}
 	return singleflight.Result{Head: head, Body: b}, false, nil
 }
 
-// readBuffers are the buffers upstream answers are read with (sinks copy what they keep):
-// a fresh 32 KiB buffer per call was most of the bytes the owner path allocated.
+// readBuffers are the buffers upstream answers are read with, pooled: sinks copy what they
+// keep.
 var readBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 var (

@@ -6,10 +6,8 @@ import (
 )
 
 // waitCtx is what a handler waits on its flight with: the request's context, also ended
-// by a handoff. The cancelable context behind it is made by the first call that needs
-// it, because most readers never wait: a hit's flight has ended when DoWith returns, and
-// a context made up front cost two allocations (itself, and the request context's set of
-// children) for nothing. Once made, it is that context in every respect.
+// by a handoff. The cancelable context behind it is made by the first call that needs it,
+// since most readers (hits) never wait; once made, it is that context in every respect.
 type waitCtx struct {
 	context.Context // the request's; Deadline is its
 
