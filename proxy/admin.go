@@ -23,6 +23,8 @@ type AdminFlights interface {
 	Backend() string
 }
 
+var _ AdminFlights = (*singleflight.Group)(nil)
+
 // AdminConfig configures the admin API. Token and Flights are required.
 type AdminConfig struct {
 	// Token is the bearer token every request must carry.

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
-	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
@@ -32,16 +31,13 @@ func benchPost(b *testing.B, url, body string) {
 }
 
 // BenchmarkOwnerPath sends unique prompts (every request an owner), straight to the fake
-// upstream as the baseline and through the proxy on each backend, in one run;
-// memory-nethttp is the in-memory proxy calling through net/http's transport.
+// upstream as the baseline and through the proxy on each backend, in one run.
 func BenchmarkOwnerPath(b *testing.B) {
 	up := startUpstream(b)
 	rs := redistest.Start(b)
-	netHTTP := func(c *proxy.Config) { c.Transport = proxy.NewTransport() } // given, it makes every call
 	targets := []struct{ name, url string }{
 		{"direct", up.URL},
 		{"memory", newInstance(b, up, setup{flight: singleflight.Options{ResultTTL: time.Minute}}).URL},
-		{"memory-nethttp", newInstance(b, up, setup{flight: singleflight.Options{ResultTTL: time.Minute}, proxy: netHTTP}).URL},
 		{"redis", newInstance(b, up, setup{redis: rs, flight: singleflight.Options{ResultTTL: time.Minute}}).URL},
 	}
 	for _, tg := range targets {
@@ -54,9 +50,9 @@ func BenchmarkOwnerPath(b *testing.B) {
 	}
 	b.Run("redis-hit", func(b *testing.B) {
 		body := `{"model":"m","messages":[{"role":"user","content":"the same"}]}`
-		benchPost(b, targets[3].url+"/v1/chat/completions", body)
+		benchPost(b, targets[2].url+"/v1/chat/completions", body)
 		for b.Loop() {
-			benchPost(b, targets[3].url+"/v1/chat/completions", body)
+			benchPost(b, targets[2].url+"/v1/chat/completions", body)
 		}
 	})
 }

@@ -1,11 +1,9 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -14,113 +12,97 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
-// Request and response headers of the proxy.
-const (
-	HeaderRole   = "X-Dedupe-Role"
-	HeaderKey    = "X-Dedupe-Key"
-	HeaderBypass = "X-Dedupe-Bypass"
-)
-
-// dedupe serves one deduplicated route.
+// dedupe serves one deduplicated route: it reads a request's body, makes its key and
+// answers it from the flight of that key, unless the request goes straight upstream.
 func (p *Proxy) dedupe(route string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		st := stateFrom(r.Context())
 		if st == nil { // not behind ServeHTTP's guard
 			st = &reqState{}
 		}
-		info := &st.info
 		if r.Header.Get(HeaderBypass) == "1" || encoded(r.Header) {
 			// Straight upstream: asked for, or a compressed body the key cannot see into.
-			info.role = "bypass"
+			st.info.role = "bypass"
 			w.Header().Set(HeaderRole, "bypass")
 			p.pass.ServeHTTP(w, r)
 			return
 		}
-		tooLarge := func() {
-			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
-				"the request body is larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes")
-		}
-		if r.ContentLength > p.cfg.MaxBodyBytes {
-			tooLarge() // at once, without waiting for a body that would be refused
+		body, ok := p.readRequest(w, r)
+		if !ok {
 			return
 		}
-		body, err := readBody(w, r, p.cfg.MaxBodyBytes)
-		if err != nil {
-			var tooBig *http.MaxBytesError
-			switch {
-			case errors.As(err, &tooBig):
-				tooLarge()
-				return
-			case errors.Is(err, errBodyTimeout):
-				writeBodyTimeout(w)
-				return
-			}
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "body_unreadable", "the request body could not be read")
+		req, cc, ok := p.keyOf(w, r, body)
+		if !ok {
 			return
 		}
-		ns := r.Header.Get(HeaderNamespace)
-		if len(r.Header.Values(HeaderNamespace)) > 1 {
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_namespace",
-				"send only one "+HeaderNamespace+" header")
-			return
-		}
-		if !validNamespace(ns) {
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_namespace",
-				HeaderNamespace+" must be at most 64 letters, digits and . _ - :")
-			return
-		}
-		gen, genErr := p.cfg.Flights.Generation(r.Context(), ns)
-		req, err := p.cfg.Hasher.KeyIn(hashing.Namespace{Name: ns, Gen: gen}, r.Method, keyPath(r.URL), r.Header, body)
-		if err != nil {
-			msg := "the request body is not valid JSON"
-			if errors.Is(err, hashing.ErrInvalidJSON) {
-				msg = "the request body is not a valid JSON object: " + strings.TrimPrefix(err.Error(), "hashing: invalid JSON: ")
-			}
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_json", msg)
-			return
-		}
-		info.key = req.Key
-		cc := cacheControl(r.Header)
-		if genErr != nil {
-			// The namespace may have been purged: its stored answers are neither served
-			// nor made.
-			cc.noCache, cc.noStore = true, true
-		}
-		ho := &st.ho
-		ho.wait.Context = r.Context()
-		defer ho.close()
-		fn := p.ownerFunc(route, req.Key, r, body, req.Stream, p.storePolicy(route, req.Model, cc.noStore), ho)
-		// A unary answer is read whole before any of it is sent: a request that starts
-		// its flight runs the call itself (no goroutine of the flight's own), and an answer
-		// too large to share is written to it straight from the call.
-		inline := !req.Stream
-		if inline {
-			ho.inlineW, ho.inlineKey = w, req.Key
-			p.cfg.Recorder.WaitingAdd(1)
-		}
-		rd, err := p.cfg.Flights.DoWith(req.Key, singleflight.CallOptions{
-			NoCache: cc.noCache, MaxAge: cc.maxAge, Route: route, Model: shortModel(req.Model), Inline: inline,
-		}, fn)
-		if inline {
-			p.cfg.Recorder.WaitingAdd(-1)
-		}
-		if err != nil {
-			writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the proxy is shutting down")
-			return
-		}
-		defer rd.Close()
-		if served, cut := ho.endInline(); served {
-			info.role = singleflight.RoleOwner.String()
-			info.abort = cut != nil // its own answer, cut short: not a whole one
-			info.broken = cut != nil
-			return
-		}
-		p.respond(w, r, route, req, &source{rd: rd, ho: ho}, info)
+		st.info.key = req.Key
+		p.join(w, r, route, req, cc, body, st)
 	}
 }
 
+// readRequest reads a request's body, or answers why it cannot: larger than MaxBodyBytes
+// (at once when its Content-Length says so), stalled, or cut short.
+func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	tooLarge := func() {
+		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+			"the request body is larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes")
+	}
+	if r.ContentLength > p.cfg.MaxBodyBytes {
+		tooLarge() // at once, without waiting for a body that would be refused
+		return nil, false
+	}
+	body, err := readBody(w, r, p.cfg.MaxBodyBytes)
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			tooLarge()
+		case errors.Is(err, errBodyTimeout):
+			writeBodyTimeout(w)
+		default:
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "body_unreadable", "the request body could not be read")
+		}
+		return nil, false
+	}
+	return body, true
+}
+
+// join answers a request from the flight of its key, started by it if there is none. A
+// unary answer is read whole before any of it is sent: a request that starts its flight
+// runs the call itself (no goroutine of the flight's own), and an answer too large to
+// share is written to it straight from the call. See ADR 0029.
+func (p *Proxy) join(w http.ResponseWriter, r *http.Request, route string, req hashing.Request, cc controls, body []byte, st *reqState) {
+	info, ho := &st.info, &st.ho
+	ho.wait.Context = r.Context()
+	defer ho.close()
+	fn := p.ownerFunc(route, req.Key, r, body, req.Stream, p.storePolicy(route, req.Model, cc.noStore), ho)
+	inline := !req.Stream
+	if inline {
+		ho.inlineW, ho.inlineKey = w, req.Key
+		p.cfg.Recorder.WaitingAdd(1)
+	}
+	rd, err := p.cfg.Flights.DoWith(req.Key, singleflight.CallOptions{
+		NoCache: cc.noCache, MaxAge: cc.maxAge, Route: route, Model: shortModel(req.Model), Inline: inline,
+	}, fn)
+	if inline {
+		p.cfg.Recorder.WaitingAdd(-1)
+	}
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the proxy is shutting down")
+		return
+	}
+	defer rd.Close()
+	if served, cut := ho.endInline(); served {
+		info.role = singleflight.RoleOwner.String()
+		info.abort = cut != nil // its own answer, cut short: not a whole one
+		info.broken = cut != nil
+		return
+	}
+	p.respond(w, r, route, req, &source{rd: rd, ho: ho}, info)
+}
+
 // encoded reports whether a request body has a Content-Encoding, in any of the header's
-// lines or list items: identity, which says it has none, is not one.
+// lines or list items: identity, which says it has none, is not one. See ADR 0031.
 func encoded(h http.Header) bool {
 	for e := range listItems(h, "Content-Encoding") {
 		if e != "" && !strings.EqualFold(e, "identity") {
@@ -131,12 +113,10 @@ func encoded(h http.Header) bool {
 }
 
 // readBody reads a request body of at most max bytes. One whose length the client gave
-// (no more than max: checked before) is read into a buffer of that size, where io.ReadAll
-// would grow one from 512 bytes, copying, in three allocations for a 1 KB request; the
-// server ends such a body at its Content-Length. One of unknown length is read through
-// MaxBytesReader, which also tells the server to close the connection past the bound.
-// The buffer is not pooled: an owner function keeps the body as long as its flight may
-// call the upstream again, which can be after this handler has returned.
+// (no more than max: checked before) is read into one buffer of that size, not grown; one
+// of unknown length through MaxBytesReader, which also has the server close the connection
+// past the bound. The buffer is not pooled: an owner function may call the upstream with
+// it after this handler has returned.
 func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) {
 	if r.ContentLength < 0 {
 		return io.ReadAll(http.MaxBytesReader(w, r.Body, max))
@@ -173,8 +153,8 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 		return
 	}
 	if ctx.Err() != nil {
-		// The client left before its answer (an owner whose call ran on: it is stored):
-		// nothing is written, and it is counted as gone (logRequests).
+		// The client left before its answer: nothing is written, and it is counted as
+		// gone (see ADR 0038).
 		return
 	}
 	head := rd.head()
@@ -183,9 +163,8 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 		age = rd.rd.Age()
 	}
 	sse := writeHead(w, head, role, req.Key, age)
-	// A follower or a hit counts the tokens it saved, from the usage its answer reports:
-	// a stored answer's was read when it was kept (see AnnotateUsage); else it is read
-	// from the end of the bytes sent.
+	// A follower or a hit counts the tokens it saved, from its answer's usage: noted when
+	// a stored answer was kept, else read from the end of the bytes sent. See ADR 0034.
 	counted := (role == singleflight.RoleFollower || role == singleflight.RoleHit) && head.Status/100 == 2
 	note, noted := head.Note.(usageNote)
 	var tail *tail
@@ -221,9 +200,8 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 			}
 			info.broken = true
 			ok = false
-			// Its own answer cut short, or a client gone (see requestInfo.abort): the
-			// client must see a broken answer, not a whole one (a chunked body would end
-			// cleanly).
+			// Its own answer cut short, or a client gone: the connection is closed, so
+			// that a chunked body does not end cleanly (requestInfo.abort).
 			info.abort = (rd.priv && !sse) || ctx.Err() != nil
 		}
 	}
@@ -242,8 +220,8 @@ func writeHead(w http.ResponseWriter, head singleflight.Head, role singleflight.
 	for k, vs := range head.Header {
 		h[k] = vs
 	}
-	// Set would make a slice for each value: the role's are shared, and the key and the
-	// age share one array, each slice capped so that an append cannot reach the other.
+	// No slice per value, as Set would make: the role's are shared, the key and the age
+	// share one array, each capped so that an append cannot reach the other.
 	h[HeaderRole] = roleHeader(role)
 	vals := &[2]string{key}
 	h[HeaderKey] = vals[0:1:1]
@@ -276,68 +254,10 @@ func roleHeader(r singleflight.Role) []string {
 	return []string{r.String()}
 }
 
-// failBeforeBytes answers a request whose flight ended before any byte was sent.
-func (p *Proxy) failBeforeBytes(w http.ResponseWriter, ctx context.Context, err error) {
-	switch {
-	case ctx.Err() != nil:
-		// The client left; nobody reads an answer.
-	case errors.Is(err, singleflight.ErrShutdown):
-		writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the proxy is shutting down; retry")
-	case errors.Is(err, singleflight.ErrTimeout):
-		writeError(w, http.StatusGatewayTimeout, "upstream_error", "upstream_timeout", "the upstream API did not answer in time")
-	default:
-		writeError(w, http.StatusBadGateway, "upstream_error", "upstream_failed", "the upstream API call failed on every attempt")
-	}
-}
-
-// sseError is the event that ends a stream whose owner changed mid-answer.
-func sseError(err error) string {
-	msg := "the answer was interrupted: the upstream call streaming it stopped; retry the request"
-	if !errors.Is(err, singleflight.ErrGenerationChanged) {
-		msg = "the answer was interrupted; retry the request"
-	}
-	return "event: error\ndata: " + string(errorJSON("server_error", "stream_interrupted", msg)) + "\n\n"
-}
-
-// keyPath is the path and, if there is one, the query of a request, in the form the key is
-// made of: the query is sent upstream (Azure-style APIs choose the API version there), so
-// it is part of the key, its parameters sorted.
-func keyPath(u *url.URL) string {
-	if u.RawQuery == "" {
-		return u.Path
-	}
-	q, err := url.ParseQuery(u.RawQuery)
-	if err != nil {
-		return u.Path + "?" + u.RawQuery
-	}
-	return u.Path + "?" + q.Encode()
-}
-
 // shortModel is a model name as the flights listing shows it: clients choose it.
 func shortModel(m string) string {
 	if len(m) > 100 {
 		return m[:100]
 	}
 	return m
-}
-
-func isSSE(h map[string][]string) bool {
-	for _, v := range h["Content-Type"] {
-		if strings.HasPrefix(strings.ToLower(v), "text/event-stream") {
-			return true
-		}
-	}
-	return false
-}
-
-// requestInfo is what the handler learnt, for the request's log line.
-type requestInfo struct {
-	role   string
-	key    string
-	broken bool
-	// abort: the answer must not look whole to the client (its own answer cut short, or a
-	// client taken for gone, which may still be reading a half-closed connection): the
-	// connection is closed with no clean end, once the request is logged.
-	abort bool
-	start time.Time
 }

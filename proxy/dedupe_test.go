@@ -1,100 +1,19 @@
 package proxy_test
 
 import (
+	"bufio"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/fakeupstream"
-	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
-
-// value is the sum of the samples of metric name whose labels include want.
-func value(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
-	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range f.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			for k, v := range want {
-				if labels[k] != v {
-					continue metric
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				sum += m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				sum += m.GetGauge().GetValue()
-			case m.Histogram != nil:
-				sum += float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return sum
-}
-
-// waitWaiting waits until n requests in all wait for their flight's outcome.
-func waitWaiting(t *testing.T, ins []*instance, n int) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		got := 0.0
-		for _, in := range ins {
-			got += value(t, in.Reg, "llm_dedupe_waiting_requests", nil)
-		}
-		if int(got) >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%v requests waiting after 20s; want %d", got, n)
-		}
-		time.Sleep(5 * time.Millisecond) // the gauge has no change notification over HTTP
-	}
-}
-
-// waitRoles waits until n local flights over ins had their role decided: each has looked
-// its key up in Redis. A request counted as waiting may not have yet, and one that looks
-// only after the flight ended (an answer not stored) rightly starts a new call.
-func waitRoles(t *testing.T, ins []*instance, n int) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		got := 0.0
-		for _, in := range ins {
-			for _, role := range []string{"owner", "follower", "hit"} {
-				got += value(t, in.Reg, "llm_dedupe_flight_roles_total", map[string]string{"role": role})
-			}
-		}
-		if int(got) >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%v flights with a role after 20s; want %d", got, n)
-		}
-		time.Sleep(5 * time.Millisecond) // the counter has no change notification over HTTP
-	}
-}
-
-func backends(t *testing.T) map[string]*redistest.Server {
-	return map[string]*redistest.Server{"memory": nil, "redis": redistest.Start(t)}
-}
 
 func TestBurstCostsOneCall(t *testing.T) {
 	for name, rs := range backends(t) {
@@ -148,85 +67,6 @@ func TestBurstCostsOneCall(t *testing.T) {
 	}
 }
 
-func fakeHold() fakeBehavior { return fakeBehavior{Hold: true} }
-
-func TestTenantsNeverShare(t *testing.T) {
-	up := startUpstream(t)
-	up.Set(fakeHold())
-	in := newInstance(t, up, setup{flight: singleflight.Options{ResultTTL: time.Minute}})
-	done := make(chan answer, 2)
-	go func() { done <- post(t, in.URL, "/v1/chat/completions", chatBody, "Authorization", "Bearer sk-alice") }()
-	go func() {
-		done <- post(t, in.URL, "/v1/chat/completions", chatBody, "Authorization", "Bearer sk-mallory")
-	}()
-	waitWaiting(t, []*instance{in}, 2)
-	up.Release()
-	a, b := <-done, <-done
-	if up.Calls() != 2 || a.body == b.body {
-		t.Fatalf("%d calls, bodies equal %v; want 2 calls and different answers", up.Calls(), a.body == b.body)
-	}
-	// Once alice's answer is stored, a wrong key still cannot read it.
-	wrong := post(t, in.URL, "/v1/chat/completions", chatBody, "Authorization", "Bearer sk-wrong")
-	if wrong.header.Get("X-Dedupe-Role") != "owner" || up.Calls() != 3 {
-		t.Fatalf("wrong key: role %q, calls %d; want owner and a call of its own", wrong.header.Get("X-Dedupe-Role"), up.Calls())
-	}
-	for _, c := range up.Log() {
-		if !strings.HasPrefix(c.Authorization, "Bearer sk-") {
-			t.Fatalf("upstream saw Authorization %q; want the client's", c.Authorization)
-		}
-	}
-}
-
-func TestOutcomePolicy(t *testing.T) {
-	rs := redistest.Start(t)
-	cases := []struct {
-		name      string
-		fail      []int
-		wantCalls int64 // for a burst of 3 and then one more request
-		status    int
-		retryAft  bool
-	}{
-		{"200 stored", nil, 1, 200, false},
-		{"400 shared not stored", []int{400, 400}, 2, 400, false},
-		{"401 shared not stored", []int{401, 401}, 2, 401, false},
-		{"422 shared not stored", []int{422, 422}, 2, 422, false},
-		{"429 shared with Retry-After", []int{429, 429}, 2, 429, true},
-		{"500 then success: taken over", []int{500}, 2, 200, false},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			up := startUpstream(t)
-			up.Set(fakeBehavior{Hold: true, Fail: tc.fail, RetryAfter: "7"})
-			s := setup{redis: rs, flight: singleflight.Options{ResultTTL: time.Minute}}
-			ins := []*instance{newInstance(t, up, s), newInstance(t, up, s)}
-			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, tc.name)
-			done := make(chan []answer)
-			go func() { done <- burst(t, ins, 3, "/v1/chat/completions", body) }()
-			waitWaiting(t, ins, 3)
-			waitRoles(t, ins, len(ins))
-			up.Release()
-			as := <-done
-			owners := 0
-			for _, a := range as {
-				if a.header.Get("X-Dedupe-Role") == "owner" && a.status == 500 {
-					owners++ // the owner's client gets its own upstream answer
-					continue
-				}
-				if a.status != tc.status {
-					t.Fatalf("status %d (%s); want %d", a.status, a.body, tc.status)
-				}
-				if tc.retryAft && a.header.Get("Retry-After") != "7" {
-					t.Fatalf("Retry-After %q; want 7", a.header.Get("Retry-After"))
-				}
-			}
-			post(t, ins[0].URL, "/v1/chat/completions", body)
-			if up.Calls() != tc.wantCalls {
-				t.Fatalf("%d upstream calls; want %d", up.Calls(), tc.wantCalls)
-			}
-		})
-	}
-}
-
 // TestOwnersClientGetsItsFailureAtOnce: the client whose request made a call that failed
 // (a 500) gets that answer as soon as the call ends, while the call is tried again for the
 // requests waiting with it on the same instance; they get the retry's answer.
@@ -268,11 +108,124 @@ func TestOwnersClientGetsItsFailureAtOnce(t *testing.T) {
 	}
 }
 
-func TestUpstreamUnreachable(t *testing.T) {
+// TestOverLimitContentLengthAnsweredAtOnce: a declared Content-Length over max_body_bytes
+// is answered 413 before any of the body is sent.
+func TestOverLimitContentLengthAnsweredAtOnce(t *testing.T) {
 	up := startUpstream(t)
-	in := newInstance(t, up, setup{base: "http://127.0.0.1:1", flight: singleflight.Options{MaxAttempts: 2}})
-	a := post(t, in.URL, "/v1/chat/completions", chatBody)
-	if a.status != http.StatusBadGateway || !strings.Contains(a.body, `"type":"upstream_error"`) {
-		t.Fatalf("got (%d, %s); want 502 with an OpenAI-style error", a.status, a.body)
+	in := newInstance(t, up, setup{proxy: func(c *proxy.Config) { c.MaxBodyBytes = 1000 }})
+	res, body, err := rawRequest(t, in.URL, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\n"+
+		"Content-Type: application/json\r\nContent-Length: 50000000\r\n\r\n", 5*time.Second)
+	if err != nil {
+		t.Fatalf("no answer within 5s to a declared 50 MB body, none of it sent: %v", err)
 	}
+	if res.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(body, `"code":"request_too_large"`) {
+		t.Errorf("got %d %s; want 413 with code request_too_large", res.StatusCode, body)
+	}
+}
+
+// TestTruncatedBodyIsABadRequest: a body cut short of its Content-Length, by a client that
+// then half-closes (it still reads), is answered 400, as nginx does (and counts it), not
+// taken for a client gone.
+func TestTruncatedBodyIsABadRequest(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(in.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":")
+	conn.(*net.TCPConn).CloseWrite()
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), `"code":"body_unreadable"`) || up.Calls() != 0 {
+		t.Fatalf("a body cut short of its Content-Length was answered %d %q (%d upstream calls); want 400 body_unreadable", res.StatusCode, b, up.Calls())
+	}
+}
+
+// TestIdentityContentEncodingIsDeduplicated: Content-Encoding: identity says the body is
+// not encoded, so the key can see into it; only a real encoding is passed straight on.
+func TestIdentityContentEncodingIsDeduplicated(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{flight: singleflight.Options{ResultTTL: time.Minute}})
+	var got []string
+	for range 2 {
+		a := post(t, in.URL, "/v1/chat/completions", chatBody, "Content-Encoding", "identity")
+		if a.status != http.StatusOK {
+			t.Fatalf("got %d %s", a.status, a.body)
+		}
+		got = append(got, a.header.Get("X-Dedupe-Role"))
+	}
+	if got[0] != "owner" || got[1] != "hit" || up.Calls() != 1 {
+		t.Fatalf("roles %v, %d upstream calls; want owner then hit, one call", got, up.Calls())
+	}
+	// Any encoding named, in any of the header's lines or list items, is one.
+	for _, ce := range [][]string{{"identity", "gzip"}, {"identity, gzip"}} {
+		h := "Content-Encoding: " + strings.Join(ce, "\r\nContent-Encoding: ") + "\r\n"
+		res, _, err := rawRequest(t, in.URL, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer sk-test-1\r\n"+h+
+			fmt.Sprintf("Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(chatBody), chatBody), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := res.Header.Get("X-Dedupe-Role"); r != "bypass" {
+			t.Fatalf("Content-Encoding %q: role %q; want bypass", ce, r)
+		}
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{proxy: func(c *proxy.Config) { c.MaxBodyBytes = 100 }})
+	errorBody(t, post(t, in.URL, "/v1/chat/completions", `{"messages":"`+strings.Repeat("x", 200)+`"}`), 413, "request_too_large")
+	errorBody(t, post(t, in.URL, "/v1/chat/completions", `not json`), 400, "invalid_json")
+	errorBody(t, post(t, in.URL, "/v1/chat/completions", `[1,2]`), 400, "invalid_json")
+	errorBody(t, post(t, in.URL, "/v1/chat/completions", `{"a":1} trailing`), 400, "invalid_json")
+	if up.Calls() != 0 {
+		t.Fatalf("%d upstream calls for bad requests; want 0", up.Calls())
+	}
+	// The instance still serves afterwards.
+	if a := post(t, in.URL, "/v1/embeddings", `{"model":"e","input":"x"}`); a.status != 200 {
+		t.Fatalf("after bad requests: %d %s", a.status, a.body)
+	}
+}
+
+// TestBodyWithAndWithoutLength: a body is read the same whether the client sends its
+// Content-Length or streams it chunked: up to max_body_bytes it is keyed alike, one byte
+// more is 413 either way.
+func TestBodyWithAndWithoutLength(t *testing.T) {
+	up := startUpstream(t)
+	const limit = 200
+	in := newInstance(t, up, setup{flight: singleflight.Options{ResultTTL: time.Minute},
+		proxy: func(c *proxy.Config) { c.MaxBodyBytes = limit }})
+	body := func(n int) string { // a JSON object of exactly n bytes
+		const open, end = `{"model":"m","input":"`, `"}`
+		return open + strings.Repeat("x", n-len(open)-len(end)) + end
+	}
+	send := func(b string, chunked bool) answer {
+		var r io.Reader = strings.NewReader(b)
+		if chunked {
+			r = io.MultiReader(r) // a reader of unknown length: sent chunked
+		}
+		req, _ := http.NewRequest(http.MethodPost, in.URL+"/v1/embeddings", r)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return answer{err: err}
+		}
+		defer resp.Body.Close()
+		rb, _ := io.ReadAll(resp.Body)
+		return answer{status: resp.StatusCode, header: resp.Header, body: string(rb)}
+	}
+	known, unknown := send(body(limit), false), send(body(limit), true)
+	if known.status != 200 || unknown.status != 200 {
+		t.Fatalf("a body of the limit: %d with Content-Length, %d chunked; want 200", known.status, unknown.status)
+	}
+	if k, u := known.header.Get("X-Dedupe-Key"), unknown.header.Get("X-Dedupe-Key"); k != u || unknown.header.Get("X-Dedupe-Role") != "hit" {
+		t.Fatalf("chunked: key %s role %s; want the key %s and a hit", u, unknown.header.Get("X-Dedupe-Role"), k)
+	}
+	errorBody(t, send(body(limit+1), false), 413, "request_too_large")
+	errorBody(t, send(body(limit+1), true), 413, "request_too_large")
 }

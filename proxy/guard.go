@@ -14,14 +14,10 @@ import (
 // BodyReadTimeout.
 var errBodyTimeout = errors.New("proxy: the client sent no request body bytes for body_read_timeout")
 
-// guard refuses what no route may see, before routing: CONNECT (this is a reverse proxy
-// of one API, not a tunnel), TRACE and TRACK, the HTTP/2 preface (no h2c), and paths with
-// dot segments, which the upstream or a gateway in front of it would resolve outside the
-// base URL's prefix. It bounds the wait between two reads of a request body, like nginx's
-// client_body_timeout: only a header timeout is set on the server, so a client that stops
-// mid-body would hold its connection forever.
-//
-// It also gives the request its state (see reqState), also when it has no body.
+// guard refuses what no route may see, before routing: CONNECT, TRACE and TRACK, the
+// HTTP/2 preface (no h2c), a target that is not a path, and paths with dot segments, which
+// the upstream would resolve outside the base URL's prefix. See ADR 0039. It bounds the
+// wait between two reads of a request body (see ADR 0036) and gives the request its state.
 func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
 	switch r.Method {
 	case "PRI": // the HTTP/2 preface, which net/http passes on to a server without h2c
@@ -29,17 +25,15 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 			"HTTP/2 without TLS (h2c) is not supported: use HTTP/1.1, or HTTP/2 over TLS in front of the proxy")
 		return r, false
 	case http.MethodConnect, http.MethodTrace, "TRACK":
-		// TRACE would have an upstream that echoes it show the request as sent, with the
-		// proxy's own upstream.api_key.
+		// An upstream that echoes TRACE would show the proxy's own upstream.api_key.
 		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
 		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
 			r.Method+" is not supported: this is a reverse proxy of an OpenAI-compatible API")
 		return r, false
 	}
 	if r.URL.Opaque != "" || (r.URL.Path != "" && !strings.HasPrefix(r.URL.Path, "/")) {
-		// "*" (OPTIONS alone may use it, and net/http answers that itself), or an absolute
-		// form with an opaque part ("http:../../admin"), which the reverse proxy would send
-		// on as it is, outside the base URL's prefix: no path to route or to send on.
+		// "*" (net/http answers OPTIONS * itself), or an absolute form with an opaque part
+		// ("http:../../admin"), which the reverse proxy would send on outside the prefix.
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_path",
 			"the request target is not a path")
 		return r, false
@@ -58,10 +52,8 @@ func (p *Proxy) guard(w http.ResponseWriter, r *http.Request) (*http.Request, bo
 	return r, true
 }
 
-// reqState is what the proxy keeps of one request, found through one context value: the
-// guarded body, the log line's info, the writer that records the status and the handoff.
-// guard and the log middleware used to add a value each, and each value costs a context
-// and a copy of the Request; the rest would be an allocation each.
+// reqState is what the proxy keeps of one request, in one context value and one
+// allocation: the guarded body, the log line's info, the client's writer and the handoff.
 type reqState struct {
 	body timedBody
 	info requestInfo
@@ -94,10 +86,9 @@ func HasDotSegment(path string) bool {
 	return false
 }
 
-// timedBody is a request body whose every read must bring bytes within d. The deadline is
-// set on the connection before each read and lifted at the body's end, so that it never
-// applies to anything but the body (the server's own check for a closed connection, or
-// a streamed answer, would otherwise be cut off).
+// timedBody is a request body whose every read must bring bytes within d: the deadline is
+// set on the connection before each read and lifted at the body's end, so that it bounds
+// nothing but the body. See ADR 0036.
 type timedBody struct {
 	body     io.ReadCloser
 	w        http.ResponseWriter // whose ResponseController sets the deadlines
@@ -105,6 +96,8 @@ type timedBody struct {
 	ended    bool
 	timedOut atomic.Bool
 }
+
+var _ io.ReadCloser = (*timedBody)(nil)
 
 func (b *timedBody) Read(p []byte) (int, error) {
 	if b.ended {
@@ -115,9 +108,8 @@ func (b *timedBody) Read(p []byte) (int, error) {
 	if err != nil {
 		b.ended = true
 		if isTimeout(err) {
-			// The deadline stays passed: after the answer, the server would otherwise
-			// wait, without one, for the rest of a body its Content-Length promised,
-			// before it closes the connection.
+			// The deadline stays passed, so that the server does not wait for the rest of
+			// the body after the answer: it closes the connection.
 			b.timedOut.Store(true)
 			err = errors.Join(errBodyTimeout, err)
 		} else {

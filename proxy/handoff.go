@@ -11,14 +11,10 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
-// An answer larger than MaxResponseBytes is not shared: the flight's log, the stored
-// transcript and a Redis stream would hold it all. The client whose request made the call
-// still gets it whole: past the limit, the owner function hands the rest of the upstream
-// body to that client's handler through a pipe, outside the flight, and reads the
-// upstream at the speed that client reads. The flight itself ends with an error for
-// everyone else (Outcome Share: told at once, never retried, never stored): a unary
-// answer's waiters get 502 upstream_too_large, a stream's get what was shared so far and
-// an SSE error event. No new outcome is needed in package singleflight.
+// An answer larger than MaxResponseBytes is not shared: past the limit, the owner function
+// hands the rest to the client whose request made the call, outside the flight, at that
+// client's pace; everyone else's flight ends with an error (Outcome Share: never retried,
+// never stored). See ADR 0035.
 
 // errClientGone ends a handoff whose client stopped reading.
 var errClientGone = errors.New("proxy: the client of the call left")
@@ -52,6 +48,11 @@ type handWriter interface {
 	io.Writer
 	CloseWithError(error) error
 }
+
+var (
+	_ handWriter = (*inlineWriter)(nil)
+	_ handWriter = (*io.PipeWriter)(nil)
+)
 
 // take hands the rest of the answer over: the client has been given, or will be given,
 // shared bytes of it from the flight, and reads the rest from the returned writer. false
@@ -125,55 +126,6 @@ func (h *handoff) close() {
 		h.pr.CloseWithError(errClientGone)
 	}
 	h.wait.release()
-}
-
-// waitCtx is what a handler waits on its flight with: the request's context, also ended
-// by a handoff. The cancelable context behind it is made by the first call that needs
-// it, because most readers never wait: a hit's flight has ended when DoWith returns, and
-// a context made up front cost two allocations (itself, and the request context's set of
-// children) for nothing. Once made, it is that context in every respect.
-type waitCtx struct {
-	context.Context // the request's; Deadline is its
-
-	mu     sync.Mutex
-	ctx    context.Context
-	cancel context.CancelFunc
-	woken  bool
-}
-
-func (c *waitCtx) get() context.Context {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.ctx == nil {
-		c.ctx, c.cancel = context.WithCancel(c.Context)
-		if c.woken {
-			c.cancel()
-		}
-	}
-	return c.ctx
-}
-
-func (c *waitCtx) Done() <-chan struct{} { return c.get().Done() }
-func (c *waitCtx) Err() error            { return c.get().Err() }
-func (c *waitCtx) Value(key any) any     { return c.get().Value(key) } // context.Cause finds the cancelable one
-
-// wake ends the wait, or the one to come.
-func (c *waitCtx) wake() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.woken = true
-	if c.cancel != nil {
-		c.cancel()
-	}
-}
-
-// release frees the context, as its cancel function does, when the handler returns.
-func (c *waitCtx) release() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cancel != nil {
-		c.cancel()
-	}
 }
 
 // source is what a handler reads its answer from: the flight, and after a handoff the

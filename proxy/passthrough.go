@@ -2,9 +2,7 @@ package proxy
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -65,37 +63,9 @@ func NewPassthrough(target *url.URL, apiKey string, transport http.RoundTripper)
 	return p
 }
 
-func isTimeout(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) {
-		return true
-	}
-	ne, ok := errors.AsType[net.Error](err) // unlike errors.As, no allocation: the last read of every request body comes here
-	return ok && ne.Timeout()
-}
-
-// NewTransport returns the transport for upstream calls: the defaults of
-// http.DefaultTransport, with room for many concurrent calls to one host kept alive. It sets
-// no ResponseHeaderTimeout: a model may think for minutes before its first byte, and the
-// caller bounds each call with a context deadline instead.
-func NewTransport() *http.Transport {
-	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.DialContext = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
-	t.TLSHandshakeTimeout = 10 * time.Second
-	t.ExpectContinueTimeout = time.Second
-	t.MaxIdleConns = 1024
-	t.MaxIdleConnsPerHost = 256
-	t.IdleConnTimeout = 90 * time.Second
-	t.ForceAttemptHTTP2 = true
-	return t
-}
-
 // fullDuplex lets the reverse proxy's transport go on reading the request body, to send it
-// upstream, while the answer is being written. By default net/http's HTTP/1 server
-// consumes what is left of a request body as the answer's head goes out, and closes it:
-// an upstream that answers before it has read the whole body then waited for a body that
-// never came, and, under load, the transport's last read of an ordinary body (the check
-// for its end) met the closed body and closed the upstream connection, cutting the stream
-// it carried.
+// upstream, while the answer is being written: net/http's HTTP/1 server would otherwise
+// close the body as the answer's head goes out. See ADR 0037.
 func fullDuplex(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_ = http.NewResponseController(w).EnableFullDuplex() // HTTP/2 is full duplex already
@@ -146,26 +116,4 @@ func isUpgrade(h http.Header) bool {
 		}
 	}
 	return false
-}
-
-// writeError answers with an error object in the form the OpenAI API and its SDKs use:
-// {"error":{"message":…,"type":…,"code":…}}.
-func writeError(w http.ResponseWriter, status int, typ, code, message string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_, _ = w.Write(append(errorJSON(typ, code, message), '\n'))
-}
-
-// errorJSON is an error object in the OpenAI shape, {"error":{"message","type","code"}}:
-// the one form of every error the proxy makes, whether written at once, shared with a
-// flight's followers or sent as an SSE event.
-func errorJSON(typ, code, message string) []byte {
-	type body struct {
-		Message string `json:"message"`
-		Type    string `json:"type"`
-		Code    string `json:"code"`
-	}
-	b, _ := json.Marshal(map[string]body{"error": {Message: message, Type: typ, Code: code}})
-	return b
 }

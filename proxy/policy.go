@@ -4,35 +4,14 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"iter"
 	"net/http"
 	"path"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
-
-// HeaderNamespace names a request's namespace: part of its key, so that an application
-// can keep its answers apart from others' and an operator can purge them all at once.
-const HeaderNamespace = "X-Dedupe-Namespace"
-
-// maxNamespaceLen bounds a namespace name; names are kept in every instance's memory.
-const maxNamespaceLen = 64
-
-// validNamespace reports whether ns may name a namespace: empty (the default one), or up
-// to 64 letters, digits and . _ - :.
-func validNamespace(ns string) bool {
-	if len(ns) > maxNamespaceLen {
-		return false
-	}
-	for i := 0; i < len(ns); i++ {
-		c := ns[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("._-:", c) >= 0) {
-			return false
-		}
-	}
-	return true
-}
 
 // StoreRule says how long answers of a route and model are stored. Route and Model are
 // path.Match patterns ("*" or empty: any); a TTL of 0 stores nothing (dedupe only).
@@ -82,7 +61,7 @@ type storing struct {
 }
 
 // storePolicy is the storing of a request: the first StoreRule that matches decides the
-// TTL (0: not stored), then the client's no-store.
+// TTL (0: not stored), then the client's no-store. See ADR 0049.
 func (p *Proxy) storePolicy(route, model string, noStore bool) storing {
 	s := storing{noStore: noStore, noToolCalls: p.cfg.NoStoreToolCalls}
 	for _, r := range p.cfg.StoreRules {
@@ -111,6 +90,8 @@ type toolCallScan struct {
 	found bool
 }
 
+var _ io.Reader = (*toolCallScan)(nil)
+
 func (s *toolCallScan) Read(p []byte) (int, error) {
 	n, err := s.r.Read(p)
 	if n > 0 && !s.found {
@@ -132,23 +113,9 @@ type controls struct {
 	maxAge           time.Duration // > 0: a stored answer no older than this
 }
 
-// listItems yields the items of a header that holds a comma-separated list, over all of
-// its lines, each trimmed of spaces (an empty item too).
-func listItems(h http.Header, name string) iter.Seq[string] {
-	return func(yield func(string) bool) {
-		for _, v := range h.Values(name) {
-			for item := range strings.SplitSeq(v, ",") {
-				if !yield(strings.TrimSpace(item)) {
-					return
-				}
-			}
-		}
-	}
-}
-
 // cacheControl reads no-cache, no-store and max-age=N. max-age=0 is no-cache: a stored
 // answer is not served, an upstream call in flight is still joined. A max-age that is not
-// a number is ignored.
+// a number is ignored. See ADR 0048.
 func cacheControl(h http.Header) controls {
 	var c controls
 	for d := range listItems(h, "Cache-Control") {
@@ -170,4 +137,21 @@ func cacheControl(h http.Header) controls {
 		}
 	}
 	return c
+}
+
+// outcomeOf is the policy for an upstream status: what may be shared and stored. See ADR
+// 0033.
+func outcomeOf(status int) singleflight.Outcome {
+	switch {
+	case status/100 == 2:
+		return singleflight.Store
+	case status == http.StatusRequestTimeout:
+		return singleflight.Retry
+	case status/100 == 4:
+		// 400, 401, 403, 404, 422 and 429 (with its Retry-After) are what the same
+		// request would get again: shared with this flight, never stored.
+		return singleflight.Share
+	default:
+		return singleflight.Retry
+	}
 }

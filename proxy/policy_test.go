@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
@@ -159,5 +161,97 @@ func TestToolCallsPolicy(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+func TestControlHeaders(t *testing.T) {
+	for name, rs := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			up := startUpstream(t)
+			in := newInstance(t, up, setup{redis: rs, flight: singleflight.Options{ResultTTL: time.Minute}})
+			const path = "/v1/chat/completions"
+			steps := []struct {
+				name      string
+				hdr       []string
+				wantRole  string
+				wantCalls int64
+			}{
+				{"first call stores", nil, "owner", 1},
+				{"repeat is a hit", nil, "hit", 1},
+				{"no-cache skips the stored answer", []string{"Cache-Control", "no-cache"}, "owner", 2},
+				{"bypass goes straight upstream", []string{"X-Dedupe-Bypass", "1"}, "bypass", 3},
+				{"the stored answer is still served", nil, "hit", 3},
+			}
+			body := `{"model":"m","messages":[{"role":"user","content":"` + name + `"}]}`
+			for _, s := range steps {
+				a := post(t, in.URL, path, body, s.hdr...)
+				if a.status != 200 || a.header.Get("X-Dedupe-Role") != s.wantRole || up.Calls() != s.wantCalls {
+					t.Fatalf("%s: status %d role %q calls %d; want 200 %q %d", s.name, a.status, a.header.Get("X-Dedupe-Role"), up.Calls(), s.wantRole, s.wantCalls)
+				}
+			}
+			// no-store: answered, not stored.
+			nsBody := `{"model":"m","messages":[{"role":"user","content":"no-store ` + name + `"}]}`
+			before := up.Calls()
+			post(t, in.URL, path, nsBody, "Cache-Control", "no-store")
+			if a := post(t, in.URL, path, nsBody); a.header.Get("X-Dedupe-Role") != "owner" || up.Calls() != before+2 {
+				t.Fatalf("after no-store: role %q calls %d; want owner and %d", a.header.Get("X-Dedupe-Role"), up.Calls(), before+2)
+			}
+			// Cache-Control and X-Dedupe-Bypass are the proxy's, never forwarded.
+			for _, c := range up.Log() {
+				if strings.Contains(c.Body, "Cache-Control") {
+					t.Fatalf("control leaked into the body")
+				}
+			}
+		})
+	}
+}
+
+func TestOutcomePolicy(t *testing.T) {
+	rs := redistest.Start(t)
+	cases := []struct {
+		name      string
+		fail      []int
+		wantCalls int64 // for a burst of 3 and then one more request
+		status    int
+		retryAft  bool
+	}{
+		{"200 stored", nil, 1, 200, false},
+		{"400 shared not stored", []int{400, 400}, 2, 400, false},
+		{"401 shared not stored", []int{401, 401}, 2, 401, false},
+		{"422 shared not stored", []int{422, 422}, 2, 422, false},
+		{"429 shared with Retry-After", []int{429, 429}, 2, 429, true},
+		{"500 then success: taken over", []int{500}, 2, 200, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			up := startUpstream(t)
+			up.Set(fakeBehavior{Hold: true, Fail: tc.fail, RetryAfter: "7"})
+			s := setup{redis: rs, flight: singleflight.Options{ResultTTL: time.Minute}}
+			ins := []*instance{newInstance(t, up, s), newInstance(t, up, s)}
+			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, tc.name)
+			done := make(chan []answer)
+			go func() { done <- burst(t, ins, 3, "/v1/chat/completions", body) }()
+			waitWaiting(t, ins, 3)
+			waitRoles(t, ins, len(ins))
+			up.Release()
+			as := <-done
+			owners := 0
+			for _, a := range as {
+				if a.header.Get("X-Dedupe-Role") == "owner" && a.status == 500 {
+					owners++ // the owner's client gets its own upstream answer
+					continue
+				}
+				if a.status != tc.status {
+					t.Fatalf("status %d (%s); want %d", a.status, a.body, tc.status)
+				}
+				if tc.retryAft && a.header.Get("Retry-After") != "7" {
+					t.Fatalf("Retry-After %q; want 7", a.header.Get("Retry-After"))
+				}
+			}
+			post(t, ins[0].URL, "/v1/chat/completions", body)
+			if up.Calls() != tc.wantCalls {
+				t.Fatalf("%d upstream calls; want %d", up.Calls(), tc.wantCalls)
+			}
+		})
 	}
 }

@@ -26,6 +26,8 @@ type Flights interface {
 	Degraded() bool
 }
 
+var _ Flights = (*singleflight.Group)(nil)
+
 // Recorder receives the proxy's measurements; *metrics.Metrics is one.
 type Recorder interface {
 	Request(route, role string, code int, d time.Duration)
@@ -40,10 +42,8 @@ type Config struct {
 	Upstream *url.URL
 	// APIKey, if set, replaces the client's Authorization on upstream calls.
 	APIKey string
-	// Transport makes upstream calls. If nil, NewTransport() does, except the owners' calls
-	// to a plain-HTTP upstream, which go through a leaner HTTP/1.1 client of this
-	// package's, with the same dialer and idle limits (see h1Transport). A Transport given
-	// here makes every call, with all its settings.
+	// Transport makes every upstream call, owners' and passed-through. If nil,
+	// NewTransport() is used.
 	Transport http.RoundTripper
 	// Timeout bounds a passed-through or bypassing request (deduplicated calls are bounded
 	// by the Flights' own timeout). If zero, 10m is used.
@@ -94,7 +94,6 @@ type Proxy struct {
 	router   chi.Router
 	posts    map[string]http.Handler // the deduplicated routes, by literal path
 	pass     http.Handler
-	calls    http.RoundTripper // owners' calls: Transport, or the owners' client over its default
 	draining atomic.Bool
 }
 
@@ -105,10 +104,8 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Upstream == nil || cfg.Flights == nil || cfg.Hasher == nil {
 		return nil, errors.New("proxy: Upstream, Flights and Hasher are required")
 	}
-	calls := cfg.Transport
 	if cfg.Transport == nil {
-		t := NewTransport()
-		cfg.Transport, calls = t, newH1Transport(t)
+		cfg.Transport = NewTransport()
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 10 * time.Minute
@@ -137,7 +134,7 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	p := &Proxy{cfg: cfg, calls: calls}
+	p := &Proxy{cfg: cfg}
 	pass := NewPassthrough(cfg.Upstream, cfg.APIKey, cfg.Transport)
 	pass.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)
 	p.pass = Timeout(cfg.Timeout)(fullDuplex(pass))
@@ -187,39 +184,6 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.router.ServeHTTP(w, r)
 }
 
-// Drain makes /readyz answer 503, so that a load balancer stops sending new requests while
-// the server finishes the ones it has, and closes each client connection after its next
-// answer on the API's routes (statusWriter), so that the client's next request goes
-// through the balancer anew.
-func (p *Proxy) Drain() { p.draining.Store(true) }
-
-// CloseIdleConnections closes the upstream connections kept for the next call, at shutdown.
-func (p *Proxy) CloseIdleConnections() {
-	// The owners' client closes its fallback's too: Transport's.
-	if c, ok := p.calls.(interface{ CloseIdleConnections() }); ok {
-		c.CloseIdleConnections()
-	}
-}
-
-func (p *Proxy) healthz(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-}
-
-// readyz reports the backend; it answers 503 only when the instance cannot serve at all.
-// A degraded Redis backend still serves (local-only dedupe), so it is ready.
-func (p *Proxy) readyz(w http.ResponseWriter, _ *http.Request) {
-	status := http.StatusOK
-	state := "ready"
-	if p.draining.Load() {
-		status, state = http.StatusServiceUnavailable, "draining"
-	}
-	writeJSON(w, status, map[string]any{
-		"status":   state,
-		"backend":  p.cfg.Flights.Backend(),
-		"degraded": p.cfg.Flights.Degraded(),
-	})
-}
-
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
@@ -242,6 +206,8 @@ func (p *Proxy) upstreamURL(path, rawQuery string) string {
 }
 
 type nopRecorder struct{}
+
+var _ Recorder = nopRecorder{}
 
 func (nopRecorder) Request(string, string, int, time.Duration) {}
 func (nopRecorder) Upstream(string, int, time.Duration)        {}

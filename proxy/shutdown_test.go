@@ -2,8 +2,8 @@ package proxy_test
 
 import (
 	"bufio"
+	"encoding/json"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
-	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
@@ -126,50 +125,24 @@ func TestDrainClosesConnectionsAfterTheirAnswer(t *testing.T) {
 	}
 }
 
-// upgrade is an upstream's side of a WebSocket upgrade: a 101 on the hijacked
-// connection, kept until the client goes.
-func upgrade(w http.ResponseWriter, _ *http.Request) {
-	c, brw, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		return
-	}
-	defer c.Close()
-	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-	brw.Flush()
-	c.Read(make([]byte, 1))
-}
-
-// lineWriter passes each log line it is given to its channel.
-type lineWriter chan string
-
-func (c lineWriter) Write(p []byte) (int, error) { c <- string(p); return len(p), nil }
-
-// TestUpgradeIsLoggedWithItsStatus: a passed-through upgrade is logged with its 101; the
-// reverse proxy writes that status on the hijacked connection, so it was logged 499, as a
-// client that left before an answer.
-func TestUpgradeIsLoggedWithItsStatus(t *testing.T) {
-	api := httptest.NewServer(http.HandlerFunc(upgrade))
-	defer api.Close()
-	lines := make(lineWriter, 16)
-	in := newInstance(t, &upstream{URL: api.URL}, setup{base: api.URL, proxy: func(c *proxy.Config) {
-		c.Logger = slog.New(slog.NewTextHandler(lines, nil))
-	}})
-	c, err := net.Dial("tcp", strings.TrimPrefix(in.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	io.WriteString(c, "GET /v1/realtime HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-	if status, err := bufio.NewReader(c).ReadString('\n'); err != nil || !strings.Contains(status, " 101 ") {
-		t.Fatalf("status line %q (%v); want 101", status, err)
-	}
-	c.Close()
-	for l := range lines {
-		if strings.Contains(l, "msg=request") {
-			if !strings.Contains(l, "status=101") {
-				t.Fatalf("request line %q; want status=101", l)
-			}
-			return
+func TestReadyz(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{})
+	get := func() (int, map[string]any) {
+		res, err := http.Get(in.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
 		}
+		defer res.Body.Close()
+		var v map[string]any
+		_ = json.NewDecoder(res.Body).Decode(&v)
+		return res.StatusCode, v
+	}
+	if code, v := get(); code != 200 || v["backend"] != "memory" || v["degraded"] != false {
+		t.Fatalf("readyz: %d %v; want 200 memory not degraded", code, v)
+	}
+	in.Proxy.Drain()
+	if code, v := get(); code != 503 || v["status"] != "draining" {
+		t.Fatalf("readyz while draining: %d %v; want 503 draining", code, v)
 	}
 }

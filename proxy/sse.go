@@ -3,17 +3,17 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"strings"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
-// relay forwards a streamed (SSE) answer to the flight as it arrives: local readers get
-// each read at once, followers elsewhere in batches. Only a stream that ended properly may
-// be stored (see complete); any other is shared with this flight's waiters only. Past
-// MaxResponseBytes the rest goes to its own client only (large), through ho, and the
-// others' stream ends with an error event.
+// relay forwards a streamed (SSE) answer to the flight as it arrives. Only a stream that
+// ended properly may be stored (see complete); any other is shared with this flight's
+// waiters only. Past MaxResponseBytes the rest goes to its own client only (large),
+// through ho, and the others' stream ends with an error event.
 func (p *Proxy) relay(ctx context.Context, cancel context.CancelCauseFunc, body io.Reader, w *singleflight.Writer, head singleflight.Head, route string, ho *handoff) (singleflight.Result, bool, error) {
 	w.WriteHead(head)
 	end := newTail(true)
@@ -61,14 +61,32 @@ func (p *Proxy) relay(ctx context.Context, cancel context.CancelCauseFunc, body 
 
 // complete reports whether a stream ended as its API ends a whole answer: "data: [DONE]"
 // for Chat Completions and Completions; a last event response.completed for the Responses
-// API (not response.failed or response.incomplete). On any other route a stream is never
-// known to be whole.
+// API. On any other route a stream is never known to be whole. See ADR 0033.
 func complete(route string, t *tail) bool {
 	switch {
 	case strings.HasSuffix(route, "/completions"):
 		return t.endsWithDone()
 	case strings.HasSuffix(route, "/responses"):
 		return t.lastEvent() == "response.completed"
+	}
+	return false
+}
+
+// sseError is the event that ends a stream whose owner changed mid-answer.
+func sseError(err error) string {
+	msg := "the answer was interrupted: the upstream call streaming it stopped; retry the request"
+	if !errors.Is(err, singleflight.ErrGenerationChanged) {
+		msg = "the answer was interrupted; retry the request"
+	}
+	return "event: error\ndata: " + string(errorJSON("server_error", "stream_interrupted", msg)) + "\n\n"
+}
+
+// isSSE reports whether a head's Content-Type is a stream of server-sent events.
+func isSSE(h map[string][]string) bool {
+	for _, v := range h["Content-Type"] {
+		if strings.HasPrefix(strings.ToLower(v), "text/event-stream") {
+			return true
+		}
 	}
 	return false
 }

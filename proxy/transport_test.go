@@ -29,7 +29,7 @@ func (c *countingTransport) CloseIdleConnections() {
 }
 
 // TestGivenTransportMakesEveryCall: a Transport given in Config makes the owners' calls
-// too, with all its settings, not the proxy's own HTTP/1.1 client.
+// and the passed-through ones, and is closed at shutdown.
 func TestGivenTransportMakesEveryCall(t *testing.T) {
 	up := startUpstream(t)
 	tr := &countingTransport{Transport: proxy.NewTransport()}
@@ -50,7 +50,7 @@ func TestGivenTransportMakesEveryCall(t *testing.T) {
 }
 
 // TestGivenTransportsSettingsHold: an *http.Transport given keeps its settings for the
-// owners' calls; here DisableKeepAlives, which the proxy's own client would not honour.
+// owners' calls; here DisableKeepAlives.
 func TestGivenTransportsSettingsHold(t *testing.T) {
 	up := startUpstream(t)
 	var dials atomic.Int32

@@ -15,8 +15,7 @@ import (
 
 // dropRequestHeaders are not forwarded by an owner: hop-by-hop headers, the proxy's own
 // controls, Expect (the whole body is sent at once), and Accept-Encoding (the transport
-// asks for gzip itself and decompresses, so that the bytes shared with followers are
-// plain whatever each of them accepts).
+// asks for gzip itself and decompresses; see ADR 0031).
 var dropRequestHeaders = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Accept-Encoding",
@@ -37,29 +36,10 @@ func replayed(name string) bool {
 	return false
 }
 
-// outcomeOf is the policy for an upstream status: what may be shared and stored.
-func outcomeOf(status int) singleflight.Outcome {
-	switch {
-	case status/100 == 2:
-		return singleflight.Store
-	case status == http.StatusRequestTimeout:
-		return singleflight.Retry
-	case status/100 == 4:
-		// 400, 401, 403, 404, 422 and 429 (with its Retry-After) are what the same
-		// request would get again: shared with this flight, never stored.
-		return singleflight.Share
-	default:
-		return singleflight.Retry
-	}
-}
-
-// ownerFunc returns the upstream call of a flight, made with this client's request.
-// The request's headers and URL are read only if it becomes an owner (most requests are
-// followers or hits); nothing writes them after the handler has read the body, and the
-// server does not reuse a Request, so the function may read them after the handler
-// returned.
-// st is how the answer may be stored; ho passes an answer too large to share to this
-// client (see handoff).
+// ownerFunc returns the upstream call of a flight, made with this client's request, which
+// it may read after the handler returned: nothing writes the request once its body is
+// read. st is how the answer may be stored; ho passes an answer too large to share to
+// this client (see handoff).
 func (p *Proxy) ownerFunc(route, key string, r *http.Request, body []byte, stream bool, st storing, ho *handoff) singleflight.Func {
 	return func(ctx context.Context, w *singleflight.Writer) (singleflight.Result, error) {
 		start := time.Now()
@@ -72,7 +52,7 @@ func (p *Proxy) ownerFunc(route, key string, r *http.Request, body []byte, strea
 		}
 		out.Header = p.forwardHeader(r.Header)
 		out.ContentLength = int64(len(body))
-		resp, err := p.calls.RoundTrip(out)
+		resp, err := p.cfg.Transport.RoundTrip(out)
 		if err != nil {
 			p.cfg.Recorder.Upstream(route, 0, time.Since(start))
 			p.logFailure(route, key, err)
@@ -187,15 +167,15 @@ func (p *Proxy) readWhole(ctx context.Context, cancel context.CancelCauseFunc, b
 	}
 	b := buf.Bytes()
 	if cap(b)-len(b) > len(b)/8 {
-		// The buffer grew by doubling: kept for ResultTTL as it is, up to half of it
-		// would be spare capacity that no bound on stored bytes sees.
+		// A buffer grown by doubling is kept at its length: spare capacity held for
+		// ResultTTL would escape every bound on stored bytes.
 		b = bytes.Clone(b)
 	}
 	return singleflight.Result{Head: head, Body: b}, false, nil
 }
 
-// readBuffers are the buffers upstream answers are read with (sinks copy what they keep):
-// a fresh 32 KiB buffer per call was most of the bytes the owner path allocated.
+// readBuffers are the buffers upstream answers are read with, pooled: sinks copy what they
+// keep.
 var readBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 var (
@@ -229,31 +209,4 @@ func (p *Proxy) pump(ctx context.Context, cancel context.CancelCauseFunc, body i
 			return err
 		}
 	}
-}
-
-// failure is an answer made by the proxy in the OpenAI error shape, for a failed attempt.
-func failure(status int, code, msg string) singleflight.Result {
-	return failureOf("upstream_error", status, code, msg)
-}
-
-// failureOf is failure with the error's type: server_error for what the proxy did.
-func failureOf(typ string, status int, code, msg string) singleflight.Result {
-	return singleflight.Result{
-		Head:    singleflight.Head{Status: status, Header: map[string][]string{"Content-Type": {"application/json"}}},
-		Body:    append(errorJSON(typ, code, msg), '\n'),
-		Outcome: singleflight.Retry,
-	}
-}
-
-func transportFailure(ctx context.Context, err error) singleflight.Result {
-	cause := context.Cause(ctx)
-	switch {
-	case errors.Is(cause, singleflight.ErrShutdown):
-		return failureOf("server_error", http.StatusServiceUnavailable, "shutting_down", "the proxy is shutting down; retry")
-	case errors.Is(err, errIdle) || errors.Is(cause, errIdle):
-		return failure(http.StatusGatewayTimeout, "upstream_idle_timeout", "the upstream API stopped sending")
-	case errors.Is(cause, singleflight.ErrTimeout) || isTimeout(err):
-		return failure(http.StatusGatewayTimeout, "upstream_timeout", "the upstream API did not answer in time")
-	}
-	return failure(http.StatusBadGateway, "upstream_unavailable", "the upstream API could not be reached")
 }

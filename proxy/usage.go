@@ -8,8 +8,8 @@ import (
 )
 
 // tail keeps the end of an answer, where the usage and the end markers are: references
-// to the chunks (which are never changed), not copies, so a follower costs no memory for
-// it. A stream keeps its last tailMax bytes or more, in whole chunks.
+// to the chunks (which are never changed), not copies. A stream keeps its last tailMax
+// bytes or more, in whole chunks. See ADR 0034.
 type tail struct {
 	sse    bool
 	chunks [][]byte
@@ -69,9 +69,8 @@ func (t *tail) usage() (prompt, completion int64) { return usageOf(t.bytes()) }
 type usageNote struct{ prompt, completion int64 }
 
 // AnnotateUsage is the singleflight.Options.Annotate the proxy's Flights should be given:
-// it reads the token usage of each answer kept in the process once, and its hits count
-// their saved tokens with it instead of reading their answer again. A hit without it is
-// counted as before, from the bytes it was sent.
+// it reads the token usage of each answer kept in the process once, for its hits to count
+// their saved tokens with. Without it, a hit reads the usage from the bytes it was sent.
 func AnnotateUsage(_ singleflight.Head, body []byte) any {
 	p, c := usageOf(body)
 	return usageNote{prompt: p, completion: c}

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 )
 
@@ -66,13 +68,10 @@ func TestSlowButSteadyClientGetsWholeUnaryAnswer(t *testing.T) {
 	}
 }
 
-// TestStreamEndingAfterAQuietSpellEndsCleanly: the write deadline of the last Write or
-// Flush stays on the connection while the handler waits for the upstream's end; when the
-// upstream ends its stream more than SendTimeout after its last event (upstream.idle_timeout
-// allows it, and passthrough has no idle limit at all), net/http's final write of the
-// chunked body's terminator met the passed deadline: the client, which had read every
-// byte, got a broken body ("unexpected EOF") instead of a clean end. The deadline is set
-// anew when the handler returns.
+// TestStreamEndingAfterAQuietSpellEndsCleanly: an upstream that ends its stream more than
+// SendTimeout after its last event (upstream.idle_timeout allows it, passthrough has no
+// idle limit) still gives the client a clean end: the deadline of the last write is set
+// anew when the handler returns, for net/http's final write of the chunked body's end.
 func TestStreamEndingAfterAQuietSpellEndsCleanly(t *testing.T) {
 	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -100,5 +99,43 @@ func TestStreamEndingAfterAQuietSpellEndsCleanly(t *testing.T) {
 				t.Fatalf("read %q, then %v; want the whole stream and a clean end (SendTimeout 1s, the upstream quiet 1.5s before its end)", b, err)
 			}
 		})
+	}
+}
+
+// TestClientThatStopsReadingIsCutOff: a client that stops reading its answer (a stream
+// here; a large unary answer, or a passed-through download, alike) holds its connection,
+// a goroutine and the answer's buffers for as long as it likes, unless a write that makes
+// no progress for proxy.Config.SendTimeout ends the answer, as nginx's send_timeout does.
+func TestClientThatStopsReadingIsCutOff(t *testing.T) {
+	const size = 64 << 20
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		event := []byte("data: " + strings.Repeat("x", 64<<10) + "\n\n")
+		for n := 0; n < size; n += len(event) {
+			if _, err := w.Write(event); err != nil {
+				return
+			}
+			http.NewResponseController(w).Flush()
+		}
+	}))
+	t.Cleanup(gw.Close)
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{base: gw.URL, proxy: func(c *proxy.Config) { c.SendTimeout = 300 * time.Millisecond }})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(in.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"never read"}]}`
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer sk-test-1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	// Read nothing until the proxy has ended the request.
+	redistest.WaitUntil(t, 20*time.Second, "the proxy ends the answer nobody reads", func() (bool, string) {
+		n := value(t, in.Reg, "llm_dedupe_requests_total", nil)
+		return n >= 1, fmt.Sprintf("%v requests ended", n)
+	})
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	got, err := io.Copy(io.Discard, conn)
+	if err != nil && !errors.Is(err, syscall.ECONNRESET) || got >= size {
+		t.Fatalf("read %d bytes, then %v; want the connection closed before the %d-byte answer's end", got, err, size)
 	}
 }
