@@ -135,3 +135,34 @@ func TestFencedFinalFlushStillServesLocalReaders(t *testing.T) {
 		t.Fatal("owner's reader still waiting after 3s")
 	}
 }
+
+func TestZombieOwnerHardTimeout(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			g := b.group(t, Options{Timeout: 100 * time.Millisecond, MaxAttempts: 3})
+			key := uniqueKey()
+			var causes []error
+			calls := 0
+			fn := func(ctx context.Context, w *Writer) (Result, error) {
+				calls++
+				<-ctx.Done() // hangs until the flight context ends it
+				causes = append(causes, context.Cause(ctx))
+				return Result{}, context.Cause(ctx)
+			}
+			outs := doAll(t, g, key, 4, fn)()
+			for i, o := range outs {
+				if !errors.Is(o.err, ErrFailed) {
+					t.Fatalf("caller %d: err %v; want ErrFailed", i, o.err)
+				}
+			}
+			if calls != 3 {
+				t.Fatalf("%d calls; want MaxAttempts = 3", calls)
+			}
+			for _, c := range causes {
+				if !errors.Is(c, ErrTimeout) {
+					t.Fatalf("cause %v; want ErrTimeout", c)
+				}
+			}
+		})
+	}
+}
