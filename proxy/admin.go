@@ -151,7 +151,7 @@ func (a *admin) forget(w http.ResponseWriter, r *http.Request) {
 func (a *admin) purge(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	ns := q.Get("namespace")
-	if !q.Has("namespace") || !validNamespace(ns) {
+	if !q.Has("namespace") || !ValidNamespace(ns) {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_namespace",
 			"namespace must be given (empty for the default one): at most 64 letters, digits and . _ - :")
 		return

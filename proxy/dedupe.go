@@ -20,7 +20,7 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 		if st == nil { // not behind ServeHTTP's guard
 			st = &reqState{}
 		}
-		if r.Header.Get(HeaderBypass) == "1" || encoded(r.Header) {
+		if r.Header.Get(HeaderBypass) == "1" || Encoded(r.Header) {
 			// Straight upstream: asked for, or a compressed body the key cannot see into.
 			st.info.role = "bypass"
 			w.Header().Set(HeaderRole, "bypass")
@@ -101,9 +101,9 @@ func (p *Proxy) join(w http.ResponseWriter, r *http.Request, route string, req h
 	p.respond(w, r, route, req, &source{rd: rd, ho: ho}, info)
 }
 
-// encoded reports whether a request body has a Content-Encoding, in any of the header's
+// Encoded reports whether a request body has a Content-Encoding, in any of the header's
 // lines or list items: identity, which says it has none, is not one. See ADR 0031.
-func encoded(h http.Header) bool {
+func Encoded(h http.Header) bool {
 	for e := range listItems(h, "Content-Encoding") {
 		if e != "" && !strings.EqualFold(e, "identity") {
 			return true

@@ -16,9 +16,9 @@ const HeaderNamespace = "X-Dedupe-Namespace"
 // maxNamespaceLen bounds a namespace name; names are kept in every instance's memory.
 const maxNamespaceLen = 64
 
-// validNamespace reports whether ns may name a namespace: empty (the default one), or up
+// ValidNamespace reports whether ns may name a namespace: empty (the default one), or up
 // to 64 letters, digits and . _ - :.
-func validNamespace(ns string) bool {
+func ValidNamespace(ns string) bool {
 	if len(ns) > maxNamespaceLen {
 		return false
 	}
@@ -31,10 +31,10 @@ func validNamespace(ns string) bool {
 	return true
 }
 
-// keyPath is the path and, if there is one, the query of a request, in the form the key is
+// KeyPath is the path and, if there is one, the query of a request, in the form the key is
 // made of: the query is sent upstream (Azure-style APIs choose the API version there), so
 // it is part of the key, its parameters sorted. See ADR 0044.
-func keyPath(u *url.URL) string {
+func KeyPath(u *url.URL) string {
 	if u.RawQuery == "" {
 		return u.Path
 	}
@@ -55,13 +55,13 @@ func (p *Proxy) keyOf(w http.ResponseWriter, r *http.Request, body []byte) (hash
 			"send only one "+HeaderNamespace+" header")
 		return hashing.Request{}, controls{}, false
 	}
-	if !validNamespace(ns) {
+	if !ValidNamespace(ns) {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_namespace",
 			HeaderNamespace+" must be at most 64 letters, digits and . _ - :")
 		return hashing.Request{}, controls{}, false
 	}
 	gen, genErr := p.cfg.Flights.Generation(r.Context(), ns)
-	req, err := p.cfg.Hasher.KeyIn(hashing.Namespace{Name: ns, Gen: gen}, r.Method, keyPath(r.URL), r.Header, body)
+	req, err := p.cfg.Hasher.KeyIn(hashing.Namespace{Name: ns, Gen: gen}, r.Method, KeyPath(r.URL), r.Header, body)
 	if err != nil {
 		msg := "the request body is not valid JSON"
 		if errors.Is(err, hashing.ErrInvalidJSON) {

@@ -71,7 +71,7 @@ func (a *app) key(args []string) int {
 	if h.Get(proxy.HeaderBypass) == "1" {
 		return fail(1, "with %s: 1 the proxy sends the request straight upstream and gives it no key", proxy.HeaderBypass)
 	}
-	if compressed(h) {
+	if proxy.Encoded(h) {
 		return fail(1, "with Content-Encoding the proxy sends the request straight upstream (the key cannot see into a compressed body) and gives it no key")
 	}
 	names := h.Values(proxy.HeaderNamespace)
@@ -79,7 +79,7 @@ func (a *app) key(args []string) int {
 		return fail(1, "the proxy refuses two %s headers (400 invalid_namespace)", proxy.HeaderNamespace)
 	}
 	ns := h.Get(proxy.HeaderNamespace)
-	if !validNamespace(ns) {
+	if !proxy.ValidNamespace(ns) {
 		return fail(1, "the proxy refuses %s %q (400 invalid_namespace): at most 64 letters, digits and . _ - :", proxy.HeaderNamespace, ns)
 	}
 
@@ -112,7 +112,7 @@ func (a *app) key(args []string) int {
 		return fail(2, "%v", err)
 	}
 	hasher := hashing.New(hashing.Options{Scope: scope, IgnoreFields: cfg.Hashing.IgnoreFields})
-	req, err := hasher.KeyIn(hashing.Namespace{Name: ns, Gen: gen}, http.MethodPost, keyPath(u), h, body)
+	req, err := hasher.KeyIn(hashing.Namespace{Name: ns, Gen: gen}, http.MethodPost, proxy.KeyPath(u), h, body)
 	if err != nil {
 		return fail(1, "%v", err)
 	}
@@ -134,45 +134,4 @@ func redisGeneration(cfg Config, ns string) (uint64, error) {
 	defer cancel()
 	defer g.Close(ctx)
 	return g.Generation(ctx, ns)
-}
-
-// keyPath is the path a key is made of: the query's parameters in sorted order, as the
-// proxy sorts them (proxy/dedupe.go keyPath; see ADR 0044).
-func keyPath(u *url.URL) string {
-	if u.RawQuery == "" {
-		return u.Path
-	}
-	q, err := url.ParseQuery(u.RawQuery)
-	if err != nil {
-		return u.Path + "?" + u.RawQuery
-	}
-	return u.Path + "?" + q.Encode()
-}
-
-// compressed reports whether a request has a Content-Encoding other than identity, which
-// makes the proxy pass it through (proxy/dedupe.go encoded).
-func compressed(h http.Header) bool {
-	for _, v := range h.Values("Content-Encoding") {
-		for _, e := range strings.Split(v, ",") {
-			if e = strings.TrimSpace(e); e != "" && !strings.EqualFold(e, "identity") {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// validNamespace reports whether the proxy takes ns as a namespace name: empty (the
-// default namespace), or up to 64 letters, digits and . _ - : (proxy/policy.go).
-func validNamespace(ns string) bool {
-	if len(ns) > 64 {
-		return false
-	}
-	for i := 0; i < len(ns); i++ {
-		c := ns[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("._-:", c) >= 0) {
-			return false
-		}
-	}
-	return true
 }
