@@ -1,7 +1,6 @@
 package singleflight
 
 import (
-	"slices"
 	"strings"
 	"time"
 )
@@ -28,10 +27,11 @@ func (h *wakeHub) aliveChannel(instance string) string {
 // its watchers.
 func (h *wakeHub) heard(channel string, tokens []string) {
 	lease := h.r.g.opts.LeaseTTL
-	var gone, stale []string
+	var gone []string
+	stale := map[string]bool{}
 	for _, t := range tokens {
 		if s, ok := strings.CutPrefix(t, staleMark); ok {
-			stale = append(stale, s)
+			stale[s] = true
 		} else {
 			gone = append(gone, t)
 		}
@@ -48,11 +48,11 @@ func (h *wakeHub) heard(channel string, tokens []string) {
 		}
 		was := st.until
 		for t := range st.stale {
-			if !slices.Contains(stale, t) {
+			if !stale[t] {
 				delete(st.stale, t) // renewed again
 			}
 		}
-		for _, t := range stale {
+		for t := range stale {
 			if _, ok := st.stale[t]; !ok {
 				st.stale[t], newlyStale = was, true
 			}

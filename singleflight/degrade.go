@@ -155,3 +155,74 @@ func (r *remote) answering() func(shard string) bool {
 		return ok || !isMaster && len(masters) > 0
 	}
 }
+
+// confirm degrades the shard that holds the Redis key rkey if it does not answer a PING on
+// a connection of its own within one deadline: an operation that timed out may have waited
+// for a pooled connection of a busy process, not on a Redis that hangs (ADR 0056).
+func (r *remote) confirm(rkey string, cause error) {
+	shard := r.shardOf(rkey)
+	r.mu.Lock()
+	if r.down[shard] || r.suspect[shard] {
+		r.mu.Unlock()
+		return
+	}
+	r.g.mu.Lock()
+	closed := r.g.closed
+	if !closed {
+		r.g.wg.Add(1)
+	}
+	r.g.mu.Unlock()
+	if closed {
+		r.mu.Unlock()
+		return
+	}
+	r.suspect[shard] = true
+	r.mu.Unlock()
+	go func() {
+		defer r.g.wg.Done()
+		answers := r.pingAlone(rkey)
+		if !answers {
+			r.degrade(shard, cause)
+			r.reloadLayout()
+		}
+		r.mu.Lock()
+		delete(r.suspect, shard)
+		r.mu.Unlock()
+		if r.g.hooks.confirmed != nil {
+			r.g.hooks.confirmed(answers)
+		}
+	}()
+}
+
+// pingAlone reports whether the server that holds rkey answers a PING, on a connection
+// dialled for it, within one deadline. Any reply counts, a refusal included.
+func (r *remote) pingAlone(rkey string) bool {
+	ctx, cancel := r.opContext(r.g.ctx)
+	defer cancel()
+	var c *redis.Client
+	switch rdb := r.rdb.(type) {
+	case *redis.Client:
+		c = rdb
+	case *redis.ClusterClient:
+		var err error
+		if c, err = rdb.MasterForKey(ctx, rkey); err != nil {
+			return false
+		}
+	default:
+		return false
+	}
+	o := c.Options()
+	conn, err := o.Dialer(ctx, o.Network, o.Addr)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	deadline, _ := ctx.Deadline()
+	_ = conn.SetDeadline(deadline)
+	if _, err := conn.Write([]byte("*1\r\n$4\r\nPING\r\n")); err != nil {
+		return false
+	}
+	var b [1]byte
+	_, err = conn.Read(b[:])
+	return err == nil
+}

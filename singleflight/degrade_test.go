@@ -232,3 +232,72 @@ func TestParkedFollowerInAClusterTakesOverWhenItsShardDies(t *testing.T) {
 		t.Fatalf("follower of the dead master's flight got (%q, %v, %v); want the local call's answer within a few leases", out.body, out.role, out.err)
 	}
 }
+
+// TestTimeoutDegradesOnlyWhenRedisDoesNotAnswer: an operation that timed out waiting for a
+// pooled connection of a busy process does not degrade the instance, since Redis answers a
+// PING on a connection of its own; one that timed out on a Redis that hangs does, once.
+func TestTimeoutDegradesOnlyWhenRedisDoesNotAnswer(t *testing.T) {
+	srv := redistest.Start(t)
+	const rt = 300 * time.Millisecond
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, DialTimeout: 500 * time.Millisecond, ReadTimeout: rt, WriteTimeout: rt,
+		PoolSize: 2, MaxRetries: 2, DialerRetries: 1, ContextTimeoutEnabled: true, PoolTimeout: rt / 2})
+	t.Cleanup(func() { c.Close() })
+	rec := newRecorder()
+	g := New(Options{Redis: c, RedisTimeout: rt, Observer: rec, TakeoverJitter: 20 * time.Millisecond})
+	t.Cleanup(func() { g.Close(context.Background()) })
+	<-g.Listening()
+	confirmed := make(chan bool, 4)
+	g.hooks.confirmed = func(answers bool) { confirmed <- answers }
+	waitConfirmed := func(want bool) {
+		t.Helper()
+		select {
+		case got := <-confirmed:
+			if got != want {
+				t.Fatalf("confirmation PING answered: %v; want %v", got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no timeout was confirmed")
+		}
+	}
+	var held []*redis.Conn
+	for range 2 { // every pooled connection taken: the process is busy, Redis is not
+		cn := c.Conn()
+		if err := cn.Ping(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, cn)
+	}
+	if out := readWithin(doInstant(t, g), 10*time.Second); out.err != nil || out.body != "ok" {
+		t.Fatalf("with a busy pool: %q, %v", out.body, out.err)
+	}
+	waitConfirmed(true)
+	if g.Degraded() || rec.count(EventShardDown) != 0 {
+		t.Fatal("a busy pool degraded the instance")
+	}
+	for _, cn := range held {
+		cn.Close()
+	}
+
+	srv.Pause() // Redis hangs: connections are accepted, nothing is answered
+	defer srv.Resume()
+	if out := readWithin(doInstant(t, g), 10*time.Second); out.err != nil || out.body != "ok" {
+		t.Fatalf("with Redis hanging: %q, %v", out.body, out.err)
+	}
+	waitConfirmed(false)
+	if !g.Degraded() || rec.count(EventShardDown) != 1 {
+		t.Fatalf("Redis hanging: degraded %v, %d shard-down events; want degraded, once", g.Degraded(), rec.count(EventShardDown))
+	}
+}
+
+// doInstant starts a flight of a new key on g whose owner answers "ok" at once.
+func doInstant(t *testing.T, g *Group) *Reader {
+	t.Helper()
+	r, err := g.Do(uniqueKey(), false, func(context.Context, *Writer) (Result, error) {
+		return Result{Head: Head{Status: 200}, Body: []byte("ok"), Outcome: Store}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return r
+}

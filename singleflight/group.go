@@ -42,6 +42,7 @@ type hooks struct {
 	completed    func()                    // an owner's final write returned, before its flight ends here
 	leadStarted  func()                    // a flight's lead goroutine started; its first caller is not counted yet (g.mu held)
 	probed       func()                    // the probe of a degraded Redis asked it once
+	confirmed    func(answers bool)        // a timeout's confirmation PING ended (see confirm)
 }
 
 // New returns a Group. Close it to stop its goroutines.

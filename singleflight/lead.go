@@ -242,6 +242,14 @@ func (l *leader) local() leadState {
 
 func (l *leader) follow() leadState {
 	d := l.d
+	if d.token == l.pos.token && l.pos.last == "" {
+		// Our own failed attempt, shown running while its fail goes on being written past
+		// its client (ADR 0056): look again once that write may have landed.
+		if !sleep(l.ctx, pollEvery) {
+			return leadEnded
+		}
+		return leadLookup
+	}
 	l.decide(RoleFollower)
 	if d.token != l.pos.token {
 		l.pos.switchTo(l.f, d)

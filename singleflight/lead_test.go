@@ -3,6 +3,7 @@ package singleflight
 import (
 	"context"
 	"errors"
+	"net"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestOneOwnerAcrossGroups(t *testing.T) {
@@ -355,5 +357,65 @@ func TestDegradedLeadBeforeItsCallerIsCounted(t *testing.T) {
 	}
 	if n := calls.Load(); n != 1 {
 		t.Fatalf("%d upstream calls; want 1", n)
+	}
+}
+
+// failScriptBroken fails the first n runs of fail.lua as a connection that broke.
+type failScriptBroken struct{ n atomic.Int64 }
+
+func (h *failScriptBroken) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *failScriptBroken) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if scriptCalls(failScript)(cmd) && h.n.Add(-1) >= 0 {
+			err := &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset (injected)")}
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *failScriptBroken) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestRetryWaitsForItsOwnFailToLand: a failed attempt whose fail goes on being written past
+// its client is not followed by its own leader's retry once the probe has found Redis
+// back: the retry takes the flight over as failed (or degraded, before the probe), never
+// as expired, and no read of its stream errs.
+func TestRetryWaitsForItsOwnFailToLand(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client()
+	h := &failScriptBroken{}
+	h.n.Store(6) // about 1.5 s of the write's tries
+	c.AddHook(h)
+	rec := newRecorder()
+	g := backend{}.group(t, Options{Redis: c, Observer: rec, TakeoverJitter: 1200 * time.Millisecond, LeaseTTL: 4 * time.Second, HeartbeatInterval: time.Second})
+	var calls atomic.Int32
+	fn := func(ctx context.Context, w *Writer) (Result, error) {
+		if calls.Add(1) == 1 {
+			return Result{Head: Head{Status: 500}, Body: []byte("boom"), Outcome: Retry}, nil
+		}
+		return Result{Head: Head{Status: 200}, Body: []byte("ok"), Outcome: Share}, nil
+	}
+	outs := doAll(t, g, uniqueKey(), 2, fn)()
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d calls; want 2", n)
+	}
+	for _, o := range outs {
+		if o.head.Status == 200 && o.body != "ok" || o.head.Status != 200 && o.head.Status != 500 {
+			t.Errorf("outcome %d %q %v", o.head.Status, o.body, o.err)
+		}
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for _, e := range rec.events {
+		if e.Kind == EventRedisError && e.Op == "xread" {
+			t.Errorf("the retry read a stream and failed: %v", e.Err)
+		}
+		if e.Kind == EventTakeover && e.Reason != "failed" && e.Reason != "degraded" {
+			t.Errorf("takeover for %q; want failed or degraded", e.Reason)
+		}
 	}
 }

@@ -62,14 +62,15 @@ type remote struct {
 	seqMu           sync.Mutex
 	seqNext, seqEnd int64 // the reserved block of owner-seq numbers not used yet: [next, end]
 
-	mu           sync.Mutex      // guards down and probing, and changes of Group.degraded
+	mu           sync.Mutex      // guards down, suspect and probing, and changes of Group.degraded
 	down         map[string]bool // shards (see shard) that failed and are not answering yet
+	suspect      map[string]bool // shards whose timeout is being confirmed (see confirm)
 	probing      bool
 	seqDownUntil time.Time // owner-seq failed: tokens go without a new number until then
 }
 
 func newRemote(g *Group) *remote {
-	r := &remote{g: g, rdb: g.opts.Redis, down: map[string]bool{}}
+	r := &remote{g: g, rdb: g.opts.Redis, down: map[string]bool{}, suspect: map[string]bool{}}
 	r.wake, r.renewer = newWakeHub(r), newRenewer(r)
 	r.batch.r = r
 	return r
@@ -113,7 +114,9 @@ func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptio
 func (r *remote) newToken(ctx context.Context) string {
 	r.seqMu.Lock()
 	defer r.seqMu.Unlock()
-	if (r.seqNext == 0 || r.seqNext > r.seqEnd) && time.Now().After(r.seqDownUntil) {
+	// While owner-seq's shard is degraded, tokens go on with the last number reserved: no
+	// caller waits on a shard the probe watches (ADR 0056).
+	if (r.seqNext == 0 || r.seqNext > r.seqEnd) && time.Now().After(r.seqDownUntil) && !r.degradedAt(r.seqKey()) {
 		octx, cancel := r.opContext(ctx)
 		end, err := incrScript.Run(octx, r.rdb, []string{r.seqKey()}, seqBlock, seqTTL.Milliseconds()).Int64()
 		cancel()
@@ -122,7 +125,7 @@ func (r *remote) newToken(ctx context.Context) string {
 		} else if !errors.Is(err, context.Canceled) {
 			r.g.observe(Event{Kind: EventRedisError, Op: "incr", Err: err})
 			if timedOut(err) { // a hung owner-seq shard trips; a refused owner-seq does not (ADR 0002)
-				r.degrade(r.shardOf(r.seqKey()), err)
+				r.confirm(r.seqKey(), err)
 			}
 			r.seqDownUntil = time.Now().Add(time.Second) // not a dial timeout per new flight
 		}
@@ -162,7 +165,10 @@ func (r *remote) redisErrAt(op, rkey string, err error) error {
 		return err
 	}
 	r.g.observe(Event{Kind: EventRedisError, Op: op, Err: err})
-	if unavailable(err) {
+	switch {
+	case timedOut(err):
+		r.confirm(rkey, err)
+	case unavailable(err):
 		r.degrade(r.shardOf(rkey), err)
 		r.reloadLayout()
 	}

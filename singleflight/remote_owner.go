@@ -124,12 +124,28 @@ func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, da
 	return o.fenced("append", v, err)
 }
 
+// largeWrite is the size from which a final write goes alone, not in a shared pipeline,
+// with a deadline grown by a second per writeRate bytes (ADR 0056).
+const (
+	largeWrite = 1 << 20
+	writeRate  = 8 << 20
+)
+
 func (o *remoteOwnership) complete(ctx context.Context, fin final) error {
 	opts := o.r.g.opts
-	return o.final(ctx, "complete", func(context.Context) (int64, error) { // the batch has its deadline
-		return o.r.batch.run(completeScript, []string{o.k.meta, o.k.stream, o.k.result},
-			o.args(o.token, fin.landedN, fin.skip, fin.head.Status, encodeHeader(fin.head.Header), fin.tail, fin.transcript,
-				flag(fin.store), fin.ttl.Milliseconds(), opts.Linger.Milliseconds())...).Int64()
+	keys := []string{o.k.meta, o.k.stream, o.k.result}
+	args := o.args(o.token, fin.landedN, fin.skip, fin.head.Status, encodeHeader(fin.head.Header), fin.tail, fin.transcript,
+		flag(fin.store), fin.ttl.Milliseconds(), opts.Linger.Milliseconds())
+	size := len(fin.tail) + len(fin.transcript)
+	if size < largeWrite {
+		return o.final(ctx, "complete", func(context.Context) (int64, error) { // the batch has its deadline
+			return o.r.batch.run(completeScript, keys, args...).Int64()
+		})
+	}
+	return o.final(ctx, "complete", func(ctx context.Context) (int64, error) {
+		ctx, cancel := context.WithTimeout(ctx, opts.RedisTimeout+time.Duration(size)*time.Second/writeRate)
+		defer cancel()
+		return completeScript.Run(ctx, o.r.rdb, keys, args...).Int64()
 	})
 }
 
@@ -179,8 +195,12 @@ func (o *remoteOwnership) goesOn() bool {
 	return o.raw != nil && unavailable(o.raw) && o.leaseLeft() > 0 && o.r.g.ctx.Err() == nil
 }
 
-// again makes the final write again every pollEvery while goesOn, until ctx ends.
+// again makes the final write again every pollEvery while goesOn, until ctx ends, within
+// the lease as it stood when it began: the heartbeat, which renews it meanwhile so that no
+// other owner takes the flight, does not extend the retries (ADR 0056).
 func (o *remoteOwnership) again(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, max(o.leaseLeft(), 0))
+	defer cancel()
 	for o.goesOn() && sleep(ctx, min(pollEvery, o.leaseLeft())) {
 		o.try()
 	}

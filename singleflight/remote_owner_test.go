@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -365,4 +366,60 @@ func (h *replied) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (h *replied) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// slowScript makes every run of script outlast its deadline (a write too large to land in
+// time), while every other command answers.
+type slowScript struct{ match func(redis.Cmder) bool }
+
+func (h slowScript) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h slowScript) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.match(cmd) {
+			<-ctx.Done()
+			cmd.SetErr(ctx.Err())
+			return ctx.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h slowScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if slices.ContainsFunc(cmds, h.match) {
+			<-ctx.Done()
+			return failAll(cmds, ctx.Err())
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestFinalWriteThatNeverLandsEndsWithItsLease: a final write that cannot land in its
+// deadline, while the heartbeat's renewals do, is made again within the lease it had when
+// its client was answered, not until the hard timeout: the follower elsewhere takes over
+// a lease or two later.
+func TestFinalWriteThatNeverLandsEndsWithItsLease(t *testing.T) {
+	srv := redistest.Start(t)
+	ca := srv.Client()
+	ca.AddHook(slowScript{match: scriptCalls(completeScript)})
+	o := Options{RedisTimeout: 100 * time.Millisecond, LeaseTTL: time.Second, HeartbeatInterval: 250 * time.Millisecond,
+		Timeout: time.Minute, TakeoverJitter: 20 * time.Millisecond}
+	oa := o
+	oa.Redis = ca
+	a := backend{}.group(t, oa)
+	b := backend{redis: srv}.group(t, o)
+	rp, led, follower := ownAndFollow(t, a, b)
+	start := time.Now()
+	rp.release()
+	if out := readWithin(<-led, 5*time.Second); out.err != nil || out.body != "call 1" {
+		t.Fatalf("owner got (%q, %v); want call 1 at once", out.body, out.err)
+	}
+	out := readWithin(follower, 10*time.Second)
+	if out.err != nil || out.body != "call 1" || rp.calls.Load() != 2 {
+		t.Fatalf("follower elsewhere got (%q, %v) after %v, %d calls; want the answer of a call of its own", out.body, out.err, time.Since(start), rp.calls.Load())
+	}
+	if took := time.Since(start); took > 4*o.LeaseTTL {
+		t.Fatalf("follower elsewhere answered after %v; want within a few leases of the owner's end", took)
+	}
 }

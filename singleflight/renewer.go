@@ -313,7 +313,8 @@ func (rn *renewer) renew(batch []*renewal, alive bool, gone string) {
 		v, err := cmds[i].Int64()
 		err = rl.o.renewed(sent, v, err)
 		rn.mu.Lock()
-		if err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrFlightGone) && rl.ctx.Err() == nil {
+		_, owned := rn.owned[rl] // not stopped meanwhile
+		if owned && err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrFlightGone) && rl.ctx.Err() == nil {
 			rn.stale[rl.o.token] = struct{}{}
 		} else {
 			delete(rn.stale, rl.o.token)

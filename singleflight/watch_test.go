@@ -28,7 +28,12 @@ func TestWatchHandsOverWhatCameOnce(t *testing.T) {
 		t.Error("a watch of a channel already subscribed was not asked to read the stream")
 	}
 	e := entry{id: "1-1", kind: entryChunk, data: "x"}
-	hub.each(ch, func(w *watch) { w.mu.Lock(); w.queue = append(w.queue, e); w.gone = append(w.gone, "1-a-1"); w.mu.Unlock() })
+	hub.each(ch, func(w *watch) {
+		w.mu.Lock()
+		w.queue = append(w.queue, e)
+		w.gone = append(w.gone, "1-a-1")
+		w.mu.Unlock()
+	})
 	for _, w := range []*watch{first, second} {
 		select {
 		case <-w.notify:
