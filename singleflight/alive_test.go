@@ -17,9 +17,10 @@ func TestAliveMessagesWakeNoFollower(t *testing.T) {
 	o := Options{HeartbeatInterval: 20 * time.Millisecond, LeaseTTL: 500 * time.Millisecond}
 	owner := b.group(t, o)
 	follower := New(Options{Redis: b.redis.Client(), HeartbeatInterval: o.HeartbeatInterval, LeaseTTL: o.LeaseTTL})
-	var resumed atomic.Int64
+	var resumed, looks atomic.Int64
 	heard := make(chan struct{}, 100)
 	follower.hooks.resumed = func() { resumed.Add(1) }
+	follower.hooks.readGap = func() { looks.Add(1) }
 	follower.hooks.aliveHeard = func() {
 		select {
 		case heard <- struct{}{}:
@@ -31,6 +32,9 @@ func TestAliveMessagesWakeNoFollower(t *testing.T) {
 	rp := newReply(`{"answer":42}`)
 	keys, readers := ownEach(t, owner, n, func(int) Func { return rp.fn })
 	readers = append(readers, followEach(t, follower, keys, rp.fn)...)
+	// Every follower has looked once at its lease's end, and found its owner renewing it:
+	// from then on the alive messages speak for it (ADR 0059).
+	waitCond(t, 10*time.Second, "followers looked once", func() bool { return looks.Load() >= n })
 	// Settled: every follower has read its stream and its subscription was confirmed.
 	waitCond(t, 10*time.Second, "followers parked", func() bool { return resumed.Swap(0) == 0 })
 	for range 10 {

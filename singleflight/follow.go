@@ -57,7 +57,10 @@ type follower struct {
 	polling    bool      // the wait is a poll while the pub/sub connection is down
 	trustFor   string
 	trustUntil time.Time
-	ending     followEnd // with followEnded: how the follow ended
+	// renewed: a look found this attempt's lease moved on, or its owner wrote; only then do
+	// its instance's alive messages speak for it (ADR 0059).
+	renewed bool
+	ending  followEnd // with followEnded: how the follow ended
 }
 
 func (r *remote) newFollower(l *leader, remaining time.Duration, readNow bool) (*follower, bool) {
@@ -234,6 +237,7 @@ func (fw *follower) take() followState {
 		if g.hooks.afterEntries != nil {
 			g.hooks.afterEntries()
 		}
+		fw.renewed = true // the owner is at work
 		fw.since = time.Now()
 		fw.leaseEnd = fw.since.Add(g.opts.LeaseTTL)
 		fw.deadline, fw.looks = fw.leaseEnd, 0

@@ -28,9 +28,10 @@ func (fw *follower) lookAt() (at time.Time, byAlive bool) {
 	at = fw.deadline
 	r := fw.l.r
 	if fw.l.pos.token != fw.trustFor {
-		fw.trust() // a new owner: trusted anew
+		fw.trust() // a new owner: trusted anew, once seen at work
+		fw.renewed = false
 	}
-	if fw.alive == nil || fw.trustUntil.IsZero() || r.sharded() && r.degradedFor(fw.l.f.key) {
+	if !fw.renewed || fw.alive == nil || fw.trustUntil.IsZero() || r.sharded() && r.degradedFor(fw.l.f.key) {
 		return at, false // a Cluster's alive messages say nothing of a down shard (ADR 0023)
 	}
 	// moving: until moves with each alive message, and the hub wakes the follower when they
@@ -97,6 +98,7 @@ func (fw *follower) recheck() lookResult {
 	switch {
 	case d.verdict == verdictFollow && d.token == pos.token:
 		fw.deadline, fw.looks = time.Now().Add(d.remaining), 0
+		fw.renewed = fw.renewed || fw.deadline.After(fw.leaseEnd)
 		fw.leaseEnd = fw.deadline
 		return lookGoOn
 	case d.verdict == verdictClaim && d.seen == seenAbsent && time.Now().Before(fw.leaseEnd):

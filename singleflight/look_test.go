@@ -137,7 +137,7 @@ func TestAliveHeardBeforeDeadlineDoesNotPutOffLook(t *testing.T) {
 	}
 	defer w.close()
 	l := &leader{r: g.rem(), ctx: context.Background(), f: &flight{key: uniqueKey()}, pos: position{token: "1-owner-instance-1"}}
-	fw := &follower{l: l, alive: w}
+	fw := &follower{l: l, alive: w, renewed: true}
 	fw.trust()
 	g.rem().wake.heard(ch, nil)
 	fw.since = time.Now()
@@ -203,7 +203,7 @@ func TestAliveMessagesPutOffNoLookOfAnUnconfirmedChannel(t *testing.T) {
 	defer w.close()
 	stream := g.rem().keys(uniqueKey()).stream
 	l := &leader{r: g.rem(), ctx: context.Background(), f: &flight{key: uniqueKey()}, pos: position{token: "1-owner-instance-1"}}
-	fw := &follower{l: l, alive: w, stream: stream}
+	fw := &follower{l: l, alive: w, stream: stream, renewed: true}
 	fw.trust()
 	fw.since = time.Now()
 	fw.deadline = fw.since.Add(20 * time.Millisecond)
@@ -229,5 +229,30 @@ func TestAliveMessagesPutOffNoLookOfAnUnconfirmedChannel(t *testing.T) {
 	hub.mu.Unlock()
 	if at, byAlive := fw.lookAt(); !byAlive || !at.After(fw.deadline) {
 		t.Fatalf("confirmed: look at %v (by alive %v); want later than the deadline %v, by alive", at, byAlive, fw.deadline)
+	}
+}
+
+// TestFollowerOfAClaimNobodyRunsTakesOver: a lookup that claimed a key but whose reply was
+// lost leaves a flight running under a token its instance never renews. That instance's
+// alive messages, which go on for its other flights, do not speak for it: the follower
+// looks at the lease's end, finds it run out, and takes the flight over.
+func TestFollowerOfAClaimNobodyRunsTakesOver(t *testing.T) {
+	b := backend{name: "redis", redis: redistest.Start(t)}
+	o := Options{LeaseTTL: time.Second, HeartbeatInterval: 100 * time.Millisecond}
+	a, f := b.group(t, o), b.group(t, o)
+	busy := newReply("busy")
+	defer busy.release()
+	ownEach(t, a, 1, func(int) Func { return busy.fn }) // A's alive messages go on
+	key := uniqueKey()
+	ctx := context.Background()
+	if d, err := a.rem().lookup(key, false, a.rem().newToken(ctx), CallOptions{}); err != nil || d.verdict != verdictOwner {
+		t.Fatalf("the lost claim: %+v, %v", d, err)
+	}
+	local := newReply("local")
+	local.release()
+	start := time.Now()
+	r := followEach(t, f, []string{key}, local.fn)[0]
+	if out := readWithin(r, 3*o.LeaseTTL+2*time.Second); out.err != nil || out.body != "local" {
+		t.Fatalf("follower of a claim nobody runs got (%q, %v) after %v; want its own call's answer within a few leases", out.body, out.err, time.Since(start))
 	}
 }
