@@ -1,5 +1,6 @@
 // Package faultproxy is a TCP proxy for tests that puts network faults between a client and
-// a server: a hang, latency, resets, a server that stops reading, a slow link, a cut.
+// a server: a hang, latency, resets, a server that stops reading or answering, a slow link,
+// a cut.
 //
 // Each Proxy listens on a loopback port and forwards every connection to one target; Set
 // switches its Fault at any time, for the connections it holds and the ones that come.
@@ -28,6 +29,10 @@ const (
 	// HalfOpen holds the bytes to the server and forwards those from it: a server that
 	// stopped reading its sockets, but whose replies already written still arrive.
 	HalfOpen
+	// Silent forwards the bytes to the server and holds those from it: commands run, and
+	// their replies do not arrive. Reset after Silent loses the replies of commands the
+	// server has run.
+	Silent
 	// Latency delays each chunk, each way, by Fault.Delay from when it was read.
 	Latency
 	// Bandwidth forwards at most Fault.Rate bytes per second each way, per connection.
@@ -41,7 +46,7 @@ const (
 	Cut
 )
 
-var modeNames = [...]string{"pass", "hang", "half-open", "latency", "bandwidth", "reset", "cut"}
+var modeNames = [...]string{"pass", "hang", "half-open", "silent", "latency", "bandwidth", "reset", "cut"}
 
 func (m Mode) String() string {
 	if m >= 0 && int(m) < len(modeNames) {

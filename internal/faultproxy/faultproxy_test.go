@@ -143,6 +143,19 @@ func TestHalfOpenHoldsBytesToTheServerOnly(t *testing.T) {
 	want(t, "server", l.server, "SUBSCRIBE c\r\n")
 }
 
+func TestSilentHoldsRepliesAndResetLosesThem(t *testing.T) {
+	l := newLink(t)
+	l.p.Set(Fault{Mode: Silent})
+	send(t, l.client, "INCR n\r\n")
+	want(t, "server", l.server, "INCR n\r\n") // the command runs
+	send(t, l.server, ":1\r\n")
+	nothing(t, "client", l.client, 200*time.Millisecond)
+	l.p.Set(Fault{Mode: Reset}) // the held reply is never delivered
+	if got, err := readN(l.client, 1, 5*time.Second); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("client read %q, %v; want connection reset by peer", got, err)
+	}
+}
+
 func TestLatencyDelaysEachDirection(t *testing.T) {
 	const delay = 50 * time.Millisecond
 	l := newLink(t)

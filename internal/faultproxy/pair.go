@@ -151,6 +151,8 @@ func (d *direction) deliver(ch chunk, next *time.Time) (int, bool) {
 			hold = true
 		case HalfOpen:
 			hold = d.up
+		case Silent:
+			hold = !d.up
 		case Reset:
 			if !d.up {
 				d.c.close(true)
