@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -65,6 +66,37 @@ func (fc *faultCluster) set(f faultproxy.Fault, which ...int) {
 	for _, i := range which {
 		fc.faults[i].Set(f)
 	}
+}
+
+// silentUntilClaim holds Redis's replies to the instances in which until Redis has a
+// flight it did not have before: the next prompt's claim, when its first request went to
+// one of them (startMixedLoad sends prompt k first to instance k mod n).
+func (fc *faultCluster) silentUntilClaim(which ...int) {
+	t := fc.t
+	t.Helper()
+	ctx := context.Background()
+	rdb := fc.redis.Client()
+	metas := func() map[string]bool {
+		keys, err := rdb.Keys(ctx, "ai:flight:meta:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]bool{}
+		for _, k := range keys {
+			m[k] = true
+		}
+		return m
+	}
+	before := metas()
+	fc.set(faultproxy.Fault{Mode: faultproxy.Silent}, which...)
+	redistest.WaitUntil(t, 5*time.Second, "a new flight in Redis", func() (bool, string) {
+		for k := range metas() { // no event says a script ran
+			if !before[k] {
+				return true, ""
+			}
+		}
+		return false, "none"
+	})
 }
 
 // The proxy's log messages for a degrade and a recovery (cmd/llm-dedupe-proxy/wire.go).

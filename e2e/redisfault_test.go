@@ -48,6 +48,10 @@ type faultScenario struct {
 	// until all of it is answered. untilDegraded: until every instance in on has degraded.
 	hold          time.Duration
 	untilDegraded bool
+	// silentUntilClaim: before the fault, the replies to the instances in on are held
+	// until Redis has a flight it had not: a claim they made, whose reply the fault then
+	// meets (a Reset loses it).
+	silentUntilClaim bool
 	// degrades are the instances that must degrade once and recover within faultRecovery;
 	// the others must not degrade at all.
 	degrades []int
@@ -72,6 +76,8 @@ func TestRedisFaults(t *testing.T) {
 			perPrompt: 1},
 		{name: "ResetMidCommandLosesNoAnswer", fault: faultproxy.Fault{Mode: faultproxy.Reset},
 			untilDegraded: true, degrades: all, perPrompt: 3},
+		{name: "ResetAfterAClaimLeavesNoFollowerWaiting", fault: faultproxy.Fault{Mode: faultproxy.Reset}, on: []int{(faultAt + 1) % 3},
+			silentUntilClaim: true, untilDegraded: true, degrades: []int{(faultAt + 1) % 3}, perPrompt: 2},
 		{name: "HalfOpenRedisBoundsTheStall", fault: faultproxy.Fault{Mode: faultproxy.HalfOpen},
 			hold: 6 * time.Second, degrades: all, perPrompt: 3},
 		{name: "SlowLinkStillSharesStreams", fault: faultproxy.Fault{Mode: faultproxy.Bandwidth, Rate: 10 << 10},
@@ -152,6 +158,9 @@ func injectFault(t *testing.T, fc *faultCluster, sc faultScenario, l *mixedLoad,
 	t.Helper()
 	<-l.sent[faultAt]
 	start = time.Now()
+	if sc.silentUntilClaim {
+		fc.silentUntilClaim(sc.on...)
+	}
 	fc.set(sc.fault, sc.on...)
 	if sc.untilDegraded {
 		for _, i := range sc.degrades {
