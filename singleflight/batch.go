@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -24,6 +26,7 @@ type batchCall struct {
 	args   []any
 	cmd    *redis.Cmd
 	done   chan struct{}
+	late   atomic.Bool // its caller stopped waiting: not sent
 }
 
 const (
@@ -44,8 +47,24 @@ func (b *batcher) run(script *redis.Script, keys []string, args ...any) *redis.C
 	if send {
 		b.sendNext()
 	}
-	<-c.done
-	return c.cmd
+	select {
+	case <-c.done:
+		return c.cmd
+	default:
+	}
+	// Queued behind pipelines that do not come back: one deadline from the call, queue
+	// included, is all its caller waits (ADR 0056).
+	t := time.NewTimer(b.r.g.opts.RedisTimeout)
+	defer t.Stop()
+	select {
+	case <-c.done:
+		return c.cmd
+	case <-t.C:
+		c.late.Store(true)
+		cmd := redis.NewCmd(context.Background())
+		cmd.SetErr(context.DeadlineExceeded)
+		return cmd
+	}
 }
 
 // sendNext sends one pipeline of what is queued; a goroutine sends the next if more came.
@@ -79,6 +98,10 @@ func (b *batcher) send(batch []*batchCall) {
 	// A call whose shard went down while it queued is not sent: one deadline is all its
 	// caller waits (ADR 0056).
 	batch = slices.DeleteFunc(batch, func(c *batchCall) bool {
+		if c.late.Load() {
+			close(c.done)
+			return true
+		}
 		if !b.r.degradedAt(c.keys[0]) {
 			return false
 		}

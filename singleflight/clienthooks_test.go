@@ -80,7 +80,7 @@ func scriptCalls(script *redis.Script) func(redis.Cmder) bool {
 // cmd/llm-dedupe-proxy): one dial per attempt, two retries.
 func productClient(t *testing.T, srv *redistest.Server) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second,
-		WriteTimeout: time.Second, MaxRetries: 2, DialerRetries: 1, ContextTimeoutEnabled: true, PoolTimeout: 500 * time.Millisecond})
+		WriteTimeout: time.Second, MaxRetries: 2, DialerRetries: 1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
 	return c
 }

@@ -156,6 +156,18 @@ func (r *remote) answering() func(shard string) bool {
 	}
 }
 
+// suspected reports whether a timeout on key's shard is being confirmed (see confirm):
+// meanwhile no caller sends it a command it would wait on (ADR 0056).
+func (r *remote) suspected(key string) bool {
+	s := r.shard(key)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.suspect[s]
+}
+
+// unusable reports whether key's shard is degraded or suspected.
+func (r *remote) unusable(key string) bool { return r.degradedFor(key) || r.suspected(key) }
+
 // confirm degrades the shard that holds the Redis key rkey if it does not answer a PING on
 // a connection of its own within one deadline: an operation that timed out may have waited
 // for a pooled connection of a busy process, not on a Redis that hangs (ADR 0056).

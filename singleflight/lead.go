@@ -99,13 +99,13 @@ func (l *leader) lookup() leadState {
 	if l.ctx.Err() != nil {
 		return leadEnded
 	}
-	if r.degradedFor(f.key) {
+	if r.unusable(f.key) {
 		return leadLocal
 	}
 	var candidate string
 	if l.pos.last == "" || l.caughtUp {
 		candidate = r.newToken(l.ctx)
-		if r.degradedFor(f.key) {
+		if r.unusable(f.key) {
 			return leadLocal // the token's owner-seq timed out: one deadline is all a caller waits
 		}
 	}
@@ -143,7 +143,7 @@ func (l *leader) claim() leadState {
 		return leadContend
 	}
 	token := r.newToken(l.ctx)
-	if r.degradedFor(f.key) {
+	if r.unusable(f.key) {
 		return leadLocal
 	}
 	if g.hooks.beforeClaim != nil {

@@ -62,7 +62,7 @@ func (o *remoteOwnership) args(a ...any) []any { return append(a, o.restoreArgs(
 
 func (o *remoteOwnership) remote() bool { return true }
 
-func (o *remoteOwnership) degraded() bool { return o.r.degradedFor(o.key) }
+func (o *remoteOwnership) degraded() bool { return o.r.unusable(o.key) }
 
 func (o *remoteOwnership) abandon() { o.r.renewer.abandon(o.token) }
 
@@ -171,7 +171,7 @@ func (o *remoteOwnership) final(ctx context.Context, op string, write func(conte
 }
 
 func (o *remoteOwnership) try() error {
-	if o.r.degradedFor(o.key) {
+	if o.r.unusable(o.key) {
 		o.raw, o.ferr = errShardDown, errShardDown
 		return o.ferr
 	}

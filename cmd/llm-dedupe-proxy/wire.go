@@ -160,10 +160,9 @@ func newRedis(c RedisConfig, tlsCfg *tls.Config) redis.UniversalClient {
 		ReadTimeout:  c.ReadTimeout,
 		WriteTimeout: c.ReadTimeout,
 		PoolSize:     c.PoolSize,
-		// One deadline per operation, retries included, also cuts a read in progress;
-		// a wait for a pooled connection ends sooner, and does not trip (ADR 0056).
+		// One deadline per operation, retries included, also cuts a read in progress
+		// (ADR 0056).
 		ContextTimeoutEnabled: true,
-		PoolTimeout:           c.ReadTimeout / 2,
 		MaxRetries:            2,
 		// One dial per attempt: go-redis's default (5 dials, 100 ms apart) made the first
 		// requests after Redis died wait over a second before the instance degraded.
