@@ -81,15 +81,7 @@ func TestConnectionCutWhileSubscribingLeavesNoFollowerBehind(t *testing.T) {
 	a, f := b.group(t, o), b.group(t, o)
 	ctx := context.Background()
 
-	var holding atomic.Bool
-	held, release := make(chan struct{}), make(chan struct{})
-	var holdOnce sync.Once
-	f.hooks.aliveHeard = func() { // on F's receiving goroutine
-		if holding.Load() {
-			holdOnce.Do(func() { close(held) })
-			<-release
-		}
-	}
+	hold, release := holdReceiver(t, f)
 	sent := make(chan []string, 16)
 	f.rem().wake.mu.Lock()
 	f.hooks.subscribed = func(channels []string, err error) { sent <- channels }
@@ -115,12 +107,7 @@ func TestConnectionCutWhileSubscribingLeavesNoFollowerBehind(t *testing.T) {
 	defer rps[3].release()
 	followers := followEach(t, f, keys[:1], rps[0].fn)
 	sentFor(keys[0])
-	holding.Store(true)
-	select {
-	case <-held:
-	case <-time.After(10 * time.Second):
-		t.Fatal("F heard no alive message")
-	}
+	hold()
 	if err := srv.Client().ClientKillByFilter(ctx, "TYPE", "pubsub").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +115,7 @@ func TestConnectionCutWhileSubscribingLeavesNoFollowerBehind(t *testing.T) {
 	sentFor(keys[1])
 	followers = append(followers, followEach(t, f, keys[2:3], rps[2].fn)...)
 	sentFor(keys[2])
-	close(release)
+	release()
 
 	for i, rp := range rps[:3] {
 		rp.release()
@@ -152,15 +139,7 @@ func TestFollowersAnsweredAfterTheConnectionIsKilled(t *testing.T) {
 			b := backend{name: "redis", redis: srv}
 			o := Options{HeartbeatInterval: 50 * time.Millisecond, LeaseTTL: time.Second}
 			a, f := b.group(t, o), b.group(t, o)
-			var holding atomic.Bool
-			held, release := make(chan struct{}), make(chan struct{})
-			var holdOnce sync.Once
-			f.hooks.aliveHeard = func() {
-				if holding.Load() {
-					holdOnce.Do(func() { close(held) })
-					<-release
-				}
-			}
+			hold, release := holdReceiver(t, f)
 			rps := []*reply{newReply("zero"), newReply("one"), newReply("three")}
 			keys, owned := ownEach(t, a, 3, func(i int) Func { return rps[i].fn })
 			defer rps[2].release() // runs on: A's alive messages go on
@@ -174,17 +153,12 @@ func TestFollowersAnsweredAfterTheConnectionIsKilled(t *testing.T) {
 				return true
 			})
 			if behind {
-				holding.Store(true)
-				select {
-				case <-held:
-				case <-time.After(10 * time.Second):
-					t.Fatal("F heard no alive message")
-				}
+				hold()
 			}
 			if err := srv.Client().ClientKillByFilter(context.Background(), "TYPE", "pubsub").Err(); err != nil {
 				t.Fatal(err)
 			}
-			close(release)
+			release()
 			for i, rp := range rps[:2] {
 				rp.release()
 				if out := readWithin(owned[i], 10*time.Second); out.err != nil || out.body != rp.body {
@@ -196,4 +170,30 @@ func TestFollowersAnsweredAfterTheConnectionIsKilled(t *testing.T) {
 			}
 		})
 	}
+}
+
+// holdReceiver lets a test hold g's receiving goroutine busy: hold returns once it is held
+// in the next alive message it hears, and release lets it go on.
+func holdReceiver(t *testing.T, g *Group) (hold, release func()) {
+	var holding atomic.Bool
+	held, released := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	g.hooks.aliveHeard = func() { // on the receiving goroutine
+		if holding.Load() {
+			once.Do(func() { close(held) })
+			<-released
+		}
+	}
+	hold = func() {
+		t.Helper()
+		holding.Store(true)
+		select {
+		case <-held:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no alive message heard")
+		}
+	}
+	release = sync.OnceFunc(func() { close(released) })
+	t.Cleanup(release) // a test that failed while holding does not hang its Close
+	return hold, release
 }

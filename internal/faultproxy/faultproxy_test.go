@@ -25,6 +25,15 @@ type link struct {
 // newLink starts a target listener and a Proxy to it, and connects one client.
 func newLink(t *testing.T) *link {
 	t.Helper()
+	p, ln := newProxy(t)
+	l := &link{p: p}
+	l.client, l.server = connect(t, p, ln)
+	return l
+}
+
+// newProxy starts a target listener and a proxy to it, both closed when the test ends.
+func newProxy(t *testing.T) (*Proxy, net.Listener) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -35,9 +44,7 @@ func newLink(t *testing.T) *link {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	l := &link{p: p}
-	l.client, l.server = connect(t, p, ln)
-	return l
+	return p, ln
 }
 
 // connect dials p and accepts the connection it makes to the target.
@@ -114,16 +121,7 @@ func TestHangHoldsBytesBothWaysAndDeliversThemAfter(t *testing.T) {
 }
 
 func TestHangKeepsNewConnectionsOpenAndSilent(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	p, err := Listen(ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p, ln := newProxy(t)
 	p.Set(Fault{Mode: Hang})
 	client, server := connect(t, p, ln)
 	send(t, client, "HELLO 3\r\n")
@@ -212,16 +210,7 @@ func TestResetSendsRSTWhenTheServerAnswers(t *testing.T) {
 }
 
 func TestCutClosesConnectionsAndRefusesNewOnes(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	p, err := Listen(ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p, ln := newProxy(t)
 	client, _ := connect(t, p, ln)
 	p.Set(Fault{Mode: Cut})
 	if _, err := readN(client, 1, 5*time.Second); err == nil || isTimeout(err) {
