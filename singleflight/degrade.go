@@ -109,6 +109,7 @@ func (r *remote) probe() {
 		for s := range r.down {
 			if up(s) {
 				delete(r.down, s)
+				delete(r.hung, s)
 				r.g.observe(Event{Kind: EventShardUp, Op: s})
 			}
 		}
@@ -165,6 +166,18 @@ func (r *remote) suspected(key string) bool {
 	return r.suspect[s]
 }
 
+// hangingFor reports whether key's shard is down because it hangs: a timeout that a PING
+// confirmed, not a refusal.
+func (r *remote) hangingFor(key string) bool {
+	if !r.g.degraded.Load() {
+		return false
+	}
+	s := r.shard(key)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.hung[s]
+}
+
 // unusable reports whether key's shard is degraded or suspected.
 func (r *remote) unusable(key string) bool { return r.degradedFor(key) || r.suspected(key) }
 
@@ -195,7 +208,11 @@ func (r *remote) confirm(rkey string, cause error) {
 		answers := r.pingAlone(rkey)
 		if !answers {
 			r.degrade(shard, cause)
+			r.mu.Lock()
+			r.hung[shard] = r.down[shard]
+			r.mu.Unlock()
 			r.reloadLayout()
+			r.wake.all(func(*watch) {}) // its followers take their flights over (ADR 0023)
 		}
 		r.mu.Lock()
 		delete(r.suspect, shard)

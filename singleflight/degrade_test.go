@@ -301,3 +301,26 @@ func doInstant(t *testing.T, g *Group) *Reader {
 	t.Cleanup(r.Close)
 	return r
 }
+
+// TestFollowerTakesOverWhenItsInstanceFindsRedisHanging: a follower waits out its owner's
+// lease when Redis refuses (a restart within it costs no call), but not once its instance
+// has confirmed that Redis hangs: that says nothing of when it answers again.
+func TestFollowerTakesOverWhenItsInstanceFindsRedisHanging(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	o := Options{LeaseTTL: 3 * time.Second, HeartbeatInterval: time.Second, RedisTimeout: 300 * time.Millisecond}
+	a, f := b.group(t, o), b.group(t, o)
+	rp := newReply("owner's")
+	defer rp.release()
+	keys, _ := ownEach(t, a, 1, func(int) Func { return rp.fn })
+	local := newReply("local")
+	local.release()
+	r := followEach(t, f, keys, local.fn)[0]
+	srv.Pause()
+	defer srv.Resume()
+	start := time.Now()
+	f.rem().confirm(f.rem().keys(keys[0]).meta, context.DeadlineExceeded) // a timeout on F's path
+	if out := readWithin(r, o.LeaseTTL/2); out.err != nil || out.body != "local" {
+		t.Fatalf("follower got (%q, %v) after %v; want its own call's answer within half its owner's lease", out.body, out.err, time.Since(start))
+	}
+}

@@ -133,6 +133,9 @@ func (fw *follower) end(e followEnd) followState {
 // wait watches the current owner's alive channel, then takes what is there or parks.
 func (fw *follower) wait() followState {
 	r := fw.l.r
+	if r.hangingFor(fw.l.f.key) {
+		return followLook // a hang says nothing of when Redis answers again (ADR 0023)
+	}
 	if inst := tokenInstance(fw.l.pos.token); inst != fw.aliveOf {
 		if fw.alive != nil {
 			fw.alive.close()

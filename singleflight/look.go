@@ -134,9 +134,10 @@ func (fw *follower) recheck() lookResult {
 	return lookEnd
 }
 
-// blind is a look Redis did not answer: look again while the lease runs (ADR 0023).
+// blind is a look Redis did not answer: look again while the lease runs, unless Redis
+// hangs (ADR 0023).
 func (fw *follower) blind() lookResult {
-	if now := time.Now(); now.Before(fw.leaseEnd) {
+	if now := time.Now(); now.Before(fw.leaseEnd) && !fw.l.r.hangingFor(fw.l.f.key) {
 		fw.deadline = now.Add(pollEvery)
 		if fw.leaseEnd.Before(fw.deadline) {
 			fw.deadline = fw.leaseEnd

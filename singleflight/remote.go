@@ -65,12 +65,13 @@ type remote struct {
 	mu           sync.Mutex      // guards down, suspect and probing, and changes of Group.degraded
 	down         map[string]bool // shards (see shard) that failed and are not answering yet
 	suspect      map[string]bool // shards whose timeout is being confirmed (see confirm)
+	hung         map[string]bool // down shards that hang rather than refuse (see confirm)
 	probing      bool
 	seqDownUntil time.Time // owner-seq failed: tokens go without a new number until then
 }
 
 func newRemote(g *Group) *remote {
-	r := &remote{g: g, rdb: g.opts.Redis, down: map[string]bool{}, suspect: map[string]bool{}}
+	r := &remote{g: g, rdb: g.opts.Redis, down: map[string]bool{}, suspect: map[string]bool{}, hung: map[string]bool{}}
 	r.wake, r.renewer = newWakeHub(r), newRenewer(r)
 	r.batch.r = r
 	return r
