@@ -93,7 +93,11 @@ func (b *batcher) sendNext() {
 
 func (b *batcher) send(batch []*batchCall) {
 	rdb := b.r.rdb
-	ctx, cancel := b.r.opContext(context.Background())
+	var rkey string
+	if len(batch) > 0 {
+		rkey = batch[0].keys[0]
+	}
+	ctx, cancel := b.r.watchedOp(context.Background(), rkey)
 	defer cancel()
 	// A call whose shard went down while it queued is not sent: one deadline is all its
 	// caller waits (ADR 0056).

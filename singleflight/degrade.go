@@ -182,7 +182,7 @@ func (r *remote) hangingFor(key string) bool {
 func (r *remote) unusable(key string) bool { return r.degradedFor(key) || r.suspected(key) }
 
 // confirm degrades the shard that holds the Redis key rkey if it does not answer a PING on
-// a connection of its own within one deadline: an operation that timed out may have waited
+// a connection of its own within half a deadline: an operation that timed out may have waited
 // for a pooled connection of a busy process, not on a Redis that hangs (ADR 0056).
 func (r *remote) confirm(rkey string, cause error) {
 	shard := r.shardOf(rkey)
@@ -205,14 +205,17 @@ func (r *remote) confirm(rkey string, cause error) {
 	r.mu.Unlock()
 	go func() {
 		defer r.g.wg.Done()
-		answers := r.pingAlone(rkey)
+		err := r.pingAlone(rkey)
+		answers := err == nil
 		if !answers {
 			r.degrade(shard, cause)
-			r.mu.Lock()
-			r.hung[shard] = r.down[shard]
-			r.mu.Unlock()
+			if timedOut(err) { // a hang, not a refusal (a restart): see ADR 0023
+				r.mu.Lock()
+				r.hung[shard] = r.down[shard]
+				r.mu.Unlock()
+				r.wake.all(func(*watch) {}) // its followers take their flights over
+			}
 			r.reloadLayout()
-			r.wake.all(func(*watch) {}) // its followers take their flights over (ADR 0023)
 		}
 		r.mu.Lock()
 		delete(r.suspect, shard)
@@ -223,10 +226,11 @@ func (r *remote) confirm(rkey string, cause error) {
 	}()
 }
 
-// pingAlone reports whether the server that holds rkey answers a PING, on a connection
-// dialled for it, within one deadline. Any reply counts, a refusal included.
-func (r *remote) pingAlone(rkey string) bool {
-	ctx, cancel := r.opContext(r.g.ctx)
+// pingAlone sends a PING to the server that holds rkey, on a connection dialled for it,
+// and says why it did not answer within half a deadline (nil: it did). Any reply counts,
+// a refusal included.
+func (r *remote) pingAlone(rkey string) error {
+	ctx, cancel := context.WithTimeout(r.g.ctx, r.g.opts.RedisTimeout/2)
 	defer cancel()
 	var c *redis.Client
 	switch rdb := r.rdb.(type) {
@@ -235,23 +239,23 @@ func (r *remote) pingAlone(rkey string) bool {
 	case *redis.ClusterClient:
 		var err error
 		if c, err = rdb.MasterForKey(ctx, rkey); err != nil {
-			return false
+			return err
 		}
 	default:
-		return false
+		return errSlow
 	}
 	o := c.Options()
 	conn, err := o.Dialer(ctx, o.Network, o.Addr)
 	if err != nil {
-		return false
+		return err
 	}
 	defer conn.Close()
 	deadline, _ := ctx.Deadline()
 	_ = conn.SetDeadline(deadline)
 	if _, err := conn.Write([]byte("*1\r\n$4\r\nPING\r\n")); err != nil {
-		return false
+		return err
 	}
 	var b [1]byte
 	_, err = conn.Read(b[:])
-	return err == nil
+	return err
 }

@@ -236,7 +236,7 @@ func (r *remote) generation(ctx context.Context, ns string) (uint64, error) {
 	if g.degraded.Load() {
 		return 0, ErrGenerationUnknown
 	}
-	octx, cancel := r.opContext(ctx)
+	octx, cancel := r.watchedOp(ctx, g.nsKey(ns))
 	gen, err := g.opts.Redis.Get(octx, g.nsKey(ns)).Uint64()
 	cancel()
 	if errors.Is(err, redis.Nil) {

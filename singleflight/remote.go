@@ -118,7 +118,7 @@ func (r *remote) newToken(ctx context.Context) string {
 	// While owner-seq's shard is degraded, tokens go on with the last number reserved: no
 	// caller waits on a shard the probe watches (ADR 0056).
 	if (r.seqNext == 0 || r.seqNext > r.seqEnd) && time.Now().After(r.seqDownUntil) && !r.degradedAt(r.seqKey()) {
-		octx, cancel := r.opContext(ctx)
+		octx, cancel := r.watchedOp(ctx, r.seqKey())
 		end, err := incrScript.Run(octx, r.rdb, []string{r.seqKey()}, seqBlock, seqTTL.Milliseconds()).Int64()
 		cancel()
 		if err == nil {
@@ -144,7 +144,7 @@ func (r *remote) claim(ctx context.Context, key, token string, seen decision, fr
 	k := r.keys(key)
 	o := r.g.opts
 	sent := time.Now()
-	ctx, cancel := r.opContext(ctx)
+	ctx, cancel := r.watchedOp(ctx, k.meta)
 	defer cancel()
 	v, err := claimScript.Run(ctx, r.rdb, []string{k.meta, k.stream},
 		token, seen.token, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.MaxAttempts, flag(fresh),
@@ -181,4 +181,16 @@ func (r *remote) name() string { return "redis" }
 // opContext bounds one Redis operation on a caller's path, retries included (ADR 0056).
 func (r *remote) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, r.g.opts.RedisTimeout)
+}
+
+// errSlow is why a shard was suspected before an operation timed out.
+var errSlow = errors.New("singleflight: Redis did not answer within half a deadline")
+
+// watchedOp is opContext for an operation on the server that holds the Redis key rkey: if
+// it has not ended at half its deadline, that server is suspected, and a PING confirms
+// the hang by the time the operation times out (ADR 0056).
+func (r *remote) watchedOp(ctx context.Context, rkey string) (context.Context, context.CancelFunc) {
+	ctx, cancel := r.opContext(ctx)
+	t := time.AfterFunc(r.g.opts.RedisTimeout/2, func() { r.confirm(rkey, errSlow) })
+	return ctx, func() { t.Stop(); cancel() }
 }

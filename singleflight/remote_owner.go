@@ -107,7 +107,7 @@ func (o *remoteOwnership) renewed(sent int64, v int64, err error) error {
 }
 
 func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, data []byte) error {
-	ctx, cancel := o.r.opContext(ctx)
+	ctx, cancel := o.r.watchedOp(ctx, o.k.meta)
 	defer cancel()
 	status, header := "", ""
 	if head != nil {
@@ -155,7 +155,7 @@ func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) e
 		status = strconv.Itoa(res.Head.Status)
 	}
 	return o.final(ctx, "fail", func(ctx context.Context) (int64, error) {
-		ctx, cancel := o.r.opContext(ctx)
+		ctx, cancel := o.r.watchedOp(ctx, o.k.meta)
 		defer cancel()
 		return failScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream},
 			o.args(o.token, status, encodeHeader(res.Head.Header), res.Body, reason, o.r.runningTTL())...).Int64()

@@ -116,7 +116,7 @@ func decodeEntry(p string) (entry, bool) {
 func (r *remote) readAfter(ctx context.Context, stream, id string) ([]entry, error) {
 	var out []entry
 	for {
-		octx, cancel := r.opContext(ctx)
+		octx, cancel := r.watchedOp(ctx, stream)
 		streams, err := r.rdb.XRead(octx, &redis.XReadArgs{Streams: []string{stream, id}, Count: 512, Block: -1}).Result()
 		cancel()
 		if errors.Is(err, redis.Nil) {
