@@ -116,6 +116,7 @@ func (r *remote) probe() {
 		if len(r.down) == 0 {
 			r.probing = false
 			r.g.degraded.Store(false)
+			r.recovered = time.Now()
 			r.g.observe(Event{Kind: EventRecovered})
 			r.mu.Unlock()
 			return

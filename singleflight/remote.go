@@ -66,6 +66,7 @@ type remote struct {
 	down         map[string]bool // shards (see shard) that failed and are not answering yet
 	suspect      map[string]bool // shards whose timeout is being confirmed (see confirm)
 	hung         map[string]bool // down shards that hang rather than refuse (see confirm)
+	recovered    time.Time       // when the probe last found every shard answering
 	probing      bool
 	seqDownUntil time.Time // owner-seq failed: tokens go without a new number until then
 }
@@ -167,7 +168,8 @@ func (r *remote) redisErrAt(op, rkey string, err error) error {
 	}
 	r.g.observe(Event{Kind: EventRedisError, Op: op, Err: err})
 	switch {
-	case timedOut(err):
+	case timedOut(err) || unavailable(err) && r.justRecovered():
+		// An operation begun before a recovery may fail after it: a PING decides (ADR 0056).
 		r.confirm(rkey, err)
 	case unavailable(err):
 		r.degrade(r.shardOf(rkey), err)
@@ -181,6 +183,14 @@ func (r *remote) name() string { return "redis" }
 // opContext bounds one Redis operation on a caller's path, retries included (ADR 0056).
 func (r *remote) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, r.g.opts.RedisTimeout)
+}
+
+// justRecovered reports whether the probe found Redis answering again less than a
+// deadline ago.
+func (r *remote) justRecovered() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.recovered.IsZero() && time.Since(r.recovered) < r.g.opts.RedisTimeout
 }
 
 // errSlow is why a shard was suspected before an operation timed out.
