@@ -71,16 +71,7 @@ func (r *remote) degrade(shard string, cause error) {
 		r.g.degraded.Store(true)
 		r.g.observe(Event{Kind: EventDegraded, Op: shard, Err: cause})
 	}
-	if r.probing {
-		return
-	}
-	r.g.mu.Lock()
-	closed := r.g.closed
-	if !closed {
-		r.g.wg.Add(1)
-	}
-	r.g.mu.Unlock()
-	if closed {
+	if r.probing || !r.g.counted() {
 		return
 	}
 	r.probing = true
@@ -161,6 +152,9 @@ func (r *remote) answering() func(shard string) bool {
 // suspected reports whether a timeout on key's shard is being confirmed (see confirm):
 // meanwhile no caller sends it a command it would wait on (ADR 0056).
 func (r *remote) suspected(key string) bool {
+	if r.suspects.Load() == 0 {
+		return false
+	}
 	s := r.shard(key)
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -192,17 +186,12 @@ func (r *remote) confirm(rkey string, cause error) {
 		r.mu.Unlock()
 		return
 	}
-	r.g.mu.Lock()
-	closed := r.g.closed
-	if !closed {
-		r.g.wg.Add(1)
-	}
-	r.g.mu.Unlock()
-	if closed {
+	if !r.g.counted() {
 		r.mu.Unlock()
 		return
 	}
 	r.suspect[shard] = true
+	r.suspects.Add(1)
 	r.mu.Unlock()
 	go func() {
 		defer r.g.wg.Done()
@@ -220,6 +209,7 @@ func (r *remote) confirm(rkey string, cause error) {
 		}
 		r.mu.Lock()
 		delete(r.suspect, shard)
+		r.suspects.Add(-1)
 		r.mu.Unlock()
 		if r.g.hooks.confirmed != nil {
 			r.g.hooks.confirmed(answers)

@@ -193,6 +193,17 @@ func (g *Group) Close(ctx context.Context) error {
 	return err
 }
 
+// counted counts a goroutine about to start in the Group's WaitGroup, unless the Group is
+// closed (then false: it must not start).
+func (g *Group) counted() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.closed {
+		g.wg.Add(1)
+	}
+	return !g.closed
+}
+
 func (g *Group) setOwned(f *flight, on bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

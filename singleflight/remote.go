@@ -65,6 +65,7 @@ type remote struct {
 	mu           sync.Mutex      // guards down, suspect and probing, and changes of Group.degraded
 	down         map[string]bool // shards (see shard) that failed and are not answering yet
 	suspect      map[string]bool // shards whose timeout is being confirmed (see confirm)
+	suspects     atomic.Int32    // len(suspect), read without the lock on every lookup
 	hung         map[string]bool // down shards that hang rather than refuse (see confirm)
 	recovered    time.Time       // when the probe last found every shard answering
 	probing      bool
