@@ -2,6 +2,8 @@ package singleflight
 
 import (
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // CallOptions are what one caller of DoWith asks for.
@@ -18,4 +20,6 @@ type CallOptions struct {
 	// ended or waits on another instance's owner. The owner function must not wait for this
 	// caller to read. See ADRs 0025 and 0029.
 	Inline bool
+	// Trace is the caller's span, parent of the spans of a flight it starts (Options.Tracer).
+	Trace trace.SpanContext
 }

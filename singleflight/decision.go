@@ -21,6 +21,10 @@ const (
 var verdictOf = map[string]verdict{"hit": verdictHit, "follow": verdictFollow, "claim": verdictClaim,
 	"owner": verdictOwner, "changed": verdictChanged, "exhausted": verdictExhausted}
 
+func (v verdict) String() string {
+	return [...]string{"", "hit", "follow", "claim", "owner", "changed", "exhausted"}[v]
+}
+
 // seen is the state in which a lookup that answered claim found the flight.
 type seen uint8
 

@@ -153,6 +153,24 @@ func plainString(p string) (v, rest string, ok bool) {
 	return v, p[2+end:], true
 }
 
+// originKey carries Head.Origin inside the encoded header: no header name has a colon, so
+// it cannot meet one, and an instance that does not know it replays nothing of it (net/http
+// drops invalid header names). See ADR 0061.
+const originKey = ":origin"
+
+// encodeHead is the header of h as it travels, its origin included.
+func encodeHead(h Head) string {
+	if h.Origin == "" {
+		return encodeHeader(h.Header)
+	}
+	m := make(map[string][]string, len(h.Header)+1)
+	for k, vs := range h.Header {
+		m[k] = vs
+	}
+	m[originKey] = []string{h.Origin}
+	return encodeHeader(m)
+}
+
 func decodeHead(status, header string) (Head, error) {
 	s, err := strconv.Atoi(status)
 	if err != nil {
@@ -163,6 +181,12 @@ func decodeHead(status, header string) (Head, error) {
 		var err error
 		if h.Header, err = decodeHeader(header); err != nil {
 			return Head{}, fmt.Errorf("singleflight: bad stored header: %w", err)
+		}
+		if o, ok := h.Header[originKey]; ok {
+			delete(h.Header, originKey)
+			if len(o) == 1 {
+				h.Origin = o[0]
+			}
 		}
 	}
 	return h, nil

@@ -49,6 +49,7 @@ type leader struct {
 
 	fw   *follower  // the follow in progress
 	site followSite // what the lead does when it ends
+	sp   leadSpan   // the span of the current phase, when traced
 }
 
 // lead runs one local flight against Redis; false when another goroutine ends it.
@@ -60,6 +61,7 @@ func (r *remote) lead(ctx context.Context, f *flight) bool {
 // run is the lead's state machine, from st.
 func (l *leader) run(st leadState) bool {
 	for {
+		l.enter(st)
 		switch st {
 		case leadLookup:
 			st = l.lookup()
@@ -199,9 +201,10 @@ func (l *leader) own() leadState {
 	if l.reason != takeoverNone {
 		g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: l.reason.String()})
 	}
+	a := Attempt{N: l.d.attempt, Takeover: l.reason.String()}
 	l.reason, l.fresh = takeoverNone, false
 	l.pos = position{token: l.d.token}
-	end, res, _ := g.own(l.ctx, f, newRemoteOwnership(l.r, f.key, l.d))
+	end, res, _ := g.own(withAttempt(l.ctx, a), f, newRemoteOwnership(l.r, f.key, l.d))
 	switch end {
 	case attemptDone:
 		return leadEnded
@@ -230,11 +233,13 @@ func (l *leader) local() leadState {
 	if begun && !f.canUseNewGen() {
 		return leadEnded // a call nobody could use (ADR 0026)
 	}
+	ctx := l.ctx
 	if begun || l.reason != takeoverNone { // a flight that had an owner is taken over
 		g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: takeoverDegraded.String()})
+		ctx = withAttempt(ctx, Attempt{N: l.failures + 1, Takeover: takeoverDegraded.String()})
 	}
 	l.decide(RoleOwner)
-	if g.leadLocal(l.ctx, f, l.failures+1) {
+	if g.leadLocal(ctx, f, l.failures+1) {
 		return leadEnded
 	}
 	return leadDetached

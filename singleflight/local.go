@@ -77,13 +77,15 @@ func (g *Group) endLead(ctx context.Context, f *flight) {
 // leadLocal owns f in this process alone, attempt after attempt; false when another
 // goroutine ends f.
 func (g *Group) leadLocal(ctx context.Context, f *flight, attempt int) bool {
-	end, res, _ := g.own(ctx, f, localOwnership{})
+	a := AttemptOf(ctx)
+	a.N = attempt
+	end, res, _ := g.own(withAttempt(ctx, a), f, localOwnership{})
 	if end == attemptDone || ctx.Err() != nil || !g.retryDue(f, attempt, res) {
 		return true
 	}
 	return g.retryAfterJitter(ctx, f, func() bool {
 		g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "failed"})
-		return g.leadLocal(ctx, f, attempt+1)
+		return g.leadLocal(withAttempt(ctx, Attempt{Takeover: "failed"}), f, attempt+1)
 	})
 }
 

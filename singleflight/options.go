@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Options configures a Group. Zero values are replaced by the defaults given.
@@ -43,6 +44,9 @@ type Options struct {
 	MemoryMaxBytes int64
 	// Observer receives the package's events. If nil, they are dropped.
 	Observer Observer
+	// Tracer, if set, traces the parts of a flight that take time (look-up, wait, takeover)
+	// as children of the span of the caller that started it (CallOptions.Trace). ADR 0061.
+	Tracer trace.Tracer
 	// Annotate, if set, is called once per answer kept in this process, outside the locks;
 	// its hits get what it returns as Head.Note (ADR 0034).
 	Annotate func(h Head, body []byte) any

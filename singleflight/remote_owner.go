@@ -111,7 +111,7 @@ func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, da
 	defer cancel()
 	status, header := "", ""
 	if head != nil {
-		status, header = strconv.Itoa(head.Status), encodeHeader(head.Header)
+		status, header = strconv.Itoa(head.Status), encodeHead(*head)
 	}
 	v, err := appendScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream},
 		o.args(o.token, n, status, header, data, o.r.runningTTL(), o.r.g.opts.StreamMaxLen)...).Int64()
@@ -134,7 +134,7 @@ const (
 func (o *remoteOwnership) complete(ctx context.Context, fin final) error {
 	opts := o.r.g.opts
 	keys := []string{o.k.meta, o.k.stream, o.k.result}
-	args := o.args(o.token, fin.landedN, fin.skip, fin.head.Status, encodeHeader(fin.head.Header), fin.tail, fin.transcript,
+	args := o.args(o.token, fin.landedN, fin.skip, fin.head.Status, encodeHead(fin.head), fin.tail, fin.transcript,
 		flag(fin.store), fin.ttl.Milliseconds(), opts.Linger.Milliseconds())
 	size := len(fin.tail) + len(fin.transcript)
 	if size < largeWrite {
@@ -158,7 +158,7 @@ func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) e
 		ctx, cancel := o.r.watchedOp(ctx, o.k.meta)
 		defer cancel()
 		return failScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream},
-			o.args(o.token, status, encodeHeader(res.Head.Header), res.Body, reason, o.r.runningTTL())...).Int64()
+			o.args(o.token, status, encodeHead(res.Head), res.Body, reason, o.r.runningTTL())...).Int64()
 	})
 }
 

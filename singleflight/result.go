@@ -34,6 +34,9 @@ type Head struct {
 	Header map[string][]string
 	// Note is what Options.Annotate made of a stored answer, for hits served here only.
 	Note any
+	// Origin says which call made the answer (the proxy's trace origin; ADR 0061): it
+	// travels with the answer to followers and hits, in Redis and in memory.
+	Origin string
 }
 
 // Outcome says what may be done with a response.
