@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -26,9 +27,9 @@ func ExampleNew() {
 	// …gives m to its singleflight.Group as the Observer, and records each request.
 	var obs singleflight.Observer = m
 	obs.Observe(singleflight.Event{Kind: singleflight.EventDegraded})
-	m.Upstream("/v1/chat/completions", 200, 2*time.Second)
-	m.Request("/v1/chat/completions", "owner", 200, 2*time.Second)
-	m.Request("/v1/chat/completions", "follower", 200, 2*time.Second)
+	m.Upstream(context.Background(), "/v1/chat/completions", 200, 2*time.Second)
+	m.Request(context.Background(), "/v1/chat/completions", "owner", 200, 2*time.Second)
+	m.Request(context.Background(), "/v1/chat/completions", "follower", 200, 2*time.Second)
 	m.Saved("/v1/chat/completions", "gpt-4o-mini", 120, 30)
 
 	rec := httptest.NewRecorder()

@@ -26,11 +26,13 @@
 package metrics
 
 import (
+	"context"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
@@ -266,7 +268,7 @@ func New(reg prometheus.Registerer) *Metrics {
 // Request records one finished client request, so that operators see traffic, status codes
 // and latency split by how each request was served. route is the configured route path;
 // role is owner, follower, hit or bypass; d runs to the last byte sent.
-func (m *Metrics) Request(route, role string, code int, d time.Duration) {
+func (m *Metrics) Request(ctx context.Context, route, role string, code int, d time.Duration) {
 	if m == nil {
 		return
 	}
@@ -277,13 +279,13 @@ func (m *Metrics) Request(route, role string, code int, d time.Duration) {
 		}
 	})
 	c.count.Inc()
-	c.duration.Observe(d.Seconds())
+	observe(ctx, c.duration, d.Seconds())
 }
 
 // Upstream records one call to the upstream API, the cost the proxy exists to save. A code
 // of 0 (or below) means no response came (transport error or timeout) and is counted as
 // "error".
-func (m *Metrics) Upstream(route string, code int, d time.Duration) {
+func (m *Metrics) Upstream(ctx context.Context, route string, code int, d time.Duration) {
 	if m == nil {
 		return
 	}
@@ -298,7 +300,7 @@ func (m *Metrics) Upstream(route string, code int, d time.Duration) {
 		}
 	})
 	c.count.Inc()
-	c.duration.Observe(d.Seconds())
+	observe(ctx, c.duration, d.Seconds())
 }
 
 // Saved records one request served without its own upstream call (a follower or a hit),
@@ -339,4 +341,16 @@ func (m *Metrics) WaitingAdd(delta int) {
 		return
 	}
 	m.waiting.Add(float64(delta))
+}
+
+// observe records v, with the trace ID of ctx's span as its exemplar when that span is
+// sampled: a dashboard goes from a slow bucket to its trace (ADR 0061).
+func observe(ctx context.Context, h prometheus.Observer, v float64) {
+	if sc := trace.SpanContextFromContext(ctx); sc.IsSampled() {
+		if eo, ok := h.(prometheus.ExemplarObserver); ok {
+			eo.ObserveWithExemplar(v, prometheus.Labels{"trace_id": sc.TraceID().String()})
+			return
+		}
+	}
+	h.Observe(v)
 }

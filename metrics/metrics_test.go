@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -61,8 +62,8 @@ func key(vals ...string) string { return strings.Join(vals, "\x00") }
 func TestLint(t *testing.T) {
 	m, reg := newTest(t)
 	// Give every vector a child, so that the lint sees each metric, not only its absence.
-	m.Request("/v1/chat/completions", "owner", 200, time.Second)
-	m.Upstream("/v1/chat/completions", 0, time.Second)
+	m.Request(context.Background(), "/v1/chat/completions", "owner", 200, time.Second)
+	m.Upstream(context.Background(), "/v1/chat/completions", 0, time.Second)
 	m.Saved("/v1/chat/completions", "gpt-4o", 10, 5)
 	m.WaitingAdd(1)
 	for _, e := range []singleflight.Event{
@@ -151,7 +152,7 @@ func TestScriptedCalls(t *testing.T) {
 		sum float64
 	}{}
 	for _, r := range requests {
-		m.Request(r.route, r.role, r.code, r.d)
+		m.Request(context.Background(), r.route, r.role, r.code, r.d)
 		wantReq[key(r.route, r.role, strconv.Itoa(r.code))]++
 		h := wantReqDur[key(r.route, r.role)]
 		h.n++
@@ -161,7 +162,7 @@ func TestScriptedCalls(t *testing.T) {
 	wantUp := map[string]float64{}
 	wantUpCount := map[string]uint64{}
 	for _, u := range upstreams {
-		m.Upstream(u.route, u.code, u.d)
+		m.Upstream(context.Background(), u.route, u.code, u.d)
 		code := "error"
 		if u.code != 0 {
 			code = strconv.Itoa(u.code)
@@ -274,7 +275,7 @@ func TestUpstreamErrorCode(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(strconv.Itoa(tc.code), func(t *testing.T) {
 			m, _ := newTest(t)
-			m.Upstream("/v1/completions", tc.code, time.Millisecond)
+			m.Upstream(context.Background(), "/v1/completions", tc.code, time.Millisecond)
 			if got := testutil.ToFloat64(m.upstream.WithLabelValues("/v1/completions", tc.want)); got != 1 {
 				t.Errorf("got %g for code label %q; want 1", got, tc.want)
 			}
@@ -331,8 +332,8 @@ func TestPreinitialised(t *testing.T) {
 
 func TestNilMetrics(t *testing.T) {
 	var m *Metrics
-	m.Request("/v1/chat/completions", "owner", 200, time.Second)
-	m.Upstream("/v1/chat/completions", 200, time.Second)
+	m.Request(context.Background(), "/v1/chat/completions", "owner", 200, time.Second)
+	m.Upstream(context.Background(), "/v1/chat/completions", 200, time.Second)
 	m.Saved("/v1/chat/completions", "gpt-4o", 1, 1)
 	m.WaitingAdd(1)
 	m.Observe(singleflight.Event{Kind: singleflight.EventDegraded})
@@ -372,8 +373,8 @@ func TestRecordingDoesNotAllocate(t *testing.T) {
 	calls := 0
 	record := func() {
 		calls++
-		m.Request("/v1/chat/completions", "hit", 200, time.Millisecond)
-		m.Upstream("/v1/chat/completions", 200, time.Millisecond)
+		m.Request(context.Background(), "/v1/chat/completions", "hit", 200, time.Millisecond)
+		m.Upstream(context.Background(), "/v1/chat/completions", 200, time.Millisecond)
 		m.Saved("/v1/chat/completions", "gpt-4o", 11, 7)
 		m.Observe(singleflight.Event{Kind: singleflight.EventRole, Role: singleflight.RoleHit})
 	}

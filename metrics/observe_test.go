@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"testing"
@@ -184,7 +185,7 @@ func TestObserveConcurrent(t *testing.T) {
 				m.Observe(singleflight.Event{Kind: singleflight.EventRedisError, Op: "renew"})
 				m.Observe(singleflight.Event{Kind: singleflight.EventWait, Duration: time.Millisecond})
 				m.Saved("/v1/chat/completions", modelName(g%3), 2, 1)
-				m.Request("/v1/chat/completions", "follower", 200, time.Millisecond)
+				m.Request(context.Background(), "/v1/chat/completions", "follower", 200, time.Millisecond)
 				m.WaitingAdd(-1)
 				m.Observe(singleflight.Event{Kind: singleflight.EventFlightEnd})
 			}

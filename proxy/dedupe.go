@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
@@ -36,6 +38,9 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			return
 		}
 		st.info.key = req.Key
+		if p.cfg.Tracing != nil {
+			st.info.model, st.info.namespace = req.Model, r.Header.Get(HeaderNamespace)
+		}
 		p.join(w, r, route, req, cc, body, st)
 	}
 }
@@ -75,7 +80,7 @@ func (p *Proxy) join(w http.ResponseWriter, r *http.Request, route string, req h
 	info, ho := &st.info, &st.ho
 	ho.wait.Context = r.Context()
 	defer ho.close()
-	fn := p.ownerFunc(route, req.Key, r, body, req.Stream, p.storePolicy(route, req.Model, cc.noStore), ho)
+	fn := p.ownerFunc(route, req, r, body, p.storePolicy(route, req.Model, cc.noStore), ho)
 	inline := !req.Stream
 	if inline {
 		ho.inlineW, ho.inlineKey = w, req.Key
@@ -83,6 +88,7 @@ func (p *Proxy) join(w http.ResponseWriter, r *http.Request, route string, req h
 	}
 	rd, err := p.cfg.Flights.DoWith(req.Key, singleflight.CallOptions{
 		NoCache: cc.noCache, MaxAge: cc.maxAge, Route: route, Model: shortModel(req.Model), Inline: inline,
+		Trace: trace.SpanContextFromContext(r.Context()),
 	}, fn)
 	if inline {
 		p.cfg.Recorder.WaitingAdd(-1)
@@ -158,6 +164,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 		return
 	}
 	head := rd.head()
+	info.origin = head.Origin
 	var age time.Duration
 	if role == singleflight.RoleHit {
 		age = rd.rd.Age()

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // logRequests logs one line per request and records it: route, role, status, duration and
@@ -21,6 +23,10 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 				st = &reqState{}
 				r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
 			}
+			var span trace.Span
+			if p.cfg.Tracing != nil {
+				r, span = p.startSpan(r, route)
+			}
 			info := &st.info
 			*info = requestInfo{start: time.Now(), role: role}
 			ww := &st.w
@@ -29,7 +35,7 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 			// (the reverse proxy aborts an answer whose copy failed); a panic is not
 			// recovered, so that it keeps its stack.
 			panicking := true
-			defer func() { p.finish(route, r, ww, info, panicking) }()
+			defer func() { p.finish(route, r, ww, info, panicking, span) }()
 			next.ServeHTTP(ww, r)
 			panicking = false
 		})
@@ -39,7 +45,7 @@ func (p *Proxy) logRequests(route string) func(http.Handler) http.Handler {
 // finish records and logs a request once its handler has returned or panicked, and ends
 // with http.ErrAbortHandler one whose answer must not look whole (requestInfo.abort). See
 // ADR 0038.
-func (p *Proxy) finish(route string, r *http.Request, ww *statusWriter, info *requestInfo, panicking bool) {
+func (p *Proxy) finish(route string, r *http.Request, ww *statusWriter, info *requestInfo, panicking bool, span trace.Span) {
 	if ww.status != 0 {
 		// The server's last write (a chunked body's end) comes after the handler, maybe
 		// long after the last deadline was set (a stream quiet before its end).
@@ -56,7 +62,10 @@ func (p *Proxy) finish(route string, r *http.Request, ww *statusWriter, info *re
 		status = 499 // the client left before an answer
 	}
 	if route != "passthrough" {
-		p.cfg.Recorder.Request(route, info.role, status, d)
+		p.cfg.Recorder.Request(r.Context(), route, info.role, status, d)
+	}
+	if span != nil {
+		endSpan(span, info, status)
 	}
 	if p.cfg.Logger.Enabled(r.Context(), slog.LevelInfo) { // else its attributes need not be made
 		p.logRequest(r, route, info, status, d)
@@ -85,9 +94,12 @@ func (p *Proxy) logRequest(r *http.Request, route string, info *requestInfo, sta
 
 // requestInfo is what the handler learnt, for the request's log line.
 type requestInfo struct {
-	role   string
-	key    string
-	broken bool
+	role string
+	key  string
+	// What a traced request's span says (ADR 0061): set only when tracing is on.
+	model, namespace string
+	origin           string // singleflight.Head.Origin of its answer
+	broken           bool
 	// abort: the answer must not look whole to the client (its own answer cut short, or a
 	// client taken for gone): the connection is closed, once the request is logged.
 	abort bool

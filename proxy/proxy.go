@@ -15,6 +15,7 @@ import (
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/tracing"
 )
 
 // Flights is the single-flight coordinator the proxy needs; *singleflight.Group is one.
@@ -30,8 +31,10 @@ var _ Flights = (*singleflight.Group)(nil)
 
 // Recorder receives the proxy's measurements; *metrics.Metrics is one.
 type Recorder interface {
-	Request(route, role string, code int, d time.Duration)
-	Upstream(route string, code int, d time.Duration)
+	// Request and Upstream take the context of the request's or the call's span, whose
+	// trace ID a histogram may keep as an exemplar.
+	Request(ctx context.Context, route, role string, code int, d time.Duration)
+	Upstream(ctx context.Context, route string, code int, d time.Duration)
 	Saved(route, model string, promptTokens, completionTokens int64)
 	WaitingAdd(delta int)
 }
@@ -72,6 +75,8 @@ type Config struct {
 	Hasher *hashing.Hasher
 	// Recorder receives measurements. If nil, none are taken.
 	Recorder Recorder
+	// Tracing, if set, traces requests and upstream calls (ADR 0061); nil traces nothing.
+	Tracing *tracing.Tracing
 	// Metrics, if set, is served at /metrics.
 	Metrics http.Handler
 	// Logger logs one line per request. If nil, slog.Default().
@@ -209,7 +214,7 @@ type nopRecorder struct{}
 
 var _ Recorder = nopRecorder{}
 
-func (nopRecorder) Request(string, string, int, time.Duration) {}
-func (nopRecorder) Upstream(string, int, time.Duration)        {}
-func (nopRecorder) Saved(string, string, int64, int64)         {}
-func (nopRecorder) WaitingAdd(int)                             {}
+func (nopRecorder) Request(context.Context, string, string, int, time.Duration) {}
+func (nopRecorder) Upstream(context.Context, string, int, time.Duration)        {}
+func (nopRecorder) Saved(string, string, int64, int64)                          {}
+func (nopRecorder) WaitingAdd(int)                                              {}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
@@ -40,7 +41,8 @@ func replayed(name string) bool {
 // it may read after the handler returned: nothing writes the request once its body is
 // read. st is how the answer may be stored; ho passes an answer too large to share to
 // this client (see handoff).
-func (p *Proxy) ownerFunc(route, key string, r *http.Request, body []byte, stream bool, st storing, ho *handoff) singleflight.Func {
+func (p *Proxy) ownerFunc(route string, req hashing.Request, r *http.Request, body []byte, st storing, ho *handoff) singleflight.Func {
+	key, stream := req.Key, req.Stream
 	return func(ctx context.Context, w *singleflight.Writer) (singleflight.Result, error) {
 		start := time.Now()
 		ctx, cancel := context.WithCancelCause(ctx)
@@ -52,14 +54,16 @@ func (p *Proxy) ownerFunc(route, key string, r *http.Request, body []byte, strea
 		}
 		out.Header = p.forwardHeader(r.Header)
 		out.ContentLength = int64(len(body))
+		call := p.startCall(ctx, r, route, req.Model, out)
 		resp, err := p.cfg.Transport.RoundTrip(out)
 		if err != nil {
-			p.cfg.Recorder.Upstream(route, 0, time.Since(start))
+			p.cfg.Recorder.Upstream(ctx, route, 0, time.Since(start))
 			p.logFailure(route, key, err)
+			call.end(0, err)
 			return transportFailure(ctx, err), err
 		}
 		defer resp.Body.Close()
-		head := singleflight.Head{Status: resp.StatusCode, Header: map[string][]string{}}
+		head := singleflight.Head{Status: resp.StatusCode, Header: map[string][]string{}, Origin: call.originOf()}
 		for k, vs := range resp.Header {
 			if replayed(k) {
 				head.Header[k] = vs
@@ -69,8 +73,8 @@ func (p *Proxy) ownerFunc(route, key string, r *http.Request, body []byte, strea
 		if outcome == singleflight.Store && st.noStore {
 			outcome = singleflight.Share
 		}
-		var src io.Reader = resp.Body
-		tools := &toolCallScan{r: resp.Body}
+		src := call.answer(resp.Body)
+		tools := &toolCallScan{r: src}
 		if st.noToolCalls && outcome == singleflight.Store {
 			src = tools
 		}
@@ -99,7 +103,9 @@ func (p *Proxy) ownerFunc(route, key string, r *http.Request, body []byte, strea
 			code = 0
 			p.logFailure(route, key, err)
 		}
-		p.cfg.Recorder.Upstream(route, code, time.Since(start))
+		p.cfg.Recorder.Upstream(ctx, route, code, time.Since(start))
+		call.end(code, err)
+		res.Head.Origin = head.Origin
 		return res, err
 	}
 }

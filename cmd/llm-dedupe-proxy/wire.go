@@ -19,6 +19,7 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/metrics"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/tracing"
 )
 
 // wiring is what serve runs: the handler, and the steps of a graceful stop.
@@ -42,6 +43,10 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 	}
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
+	tr, err := tracing.New(context.Background(), version)
+	if err != nil {
+		return nil, err
+	}
 
 	var rules []proxy.StoreRule
 	maxTTL := cfg.Flight.ResultTTL
@@ -77,6 +82,10 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		Observer:          &logObserver{next: m, log: logger},
 		Annotate:          proxy.AnnotateUsage,
 	}
+	if tr != nil {
+		opts.Tracer = tr.Tracer
+		logger.Info("tracing", "exporter", "otlp")
+	}
 	var clients []redis.UniversalClient
 	if len(cfg.Redis.Addrs) > 0 {
 		redis.SetLogger(redisLogger{logger})
@@ -102,9 +111,11 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		Flights:          group,
 		Hasher:           hashing.New(hashing.Options{Scope: scope, IgnoreFields: cfg.Hashing.IgnoreFields, SkipCanonical: true}),
 		Recorder:         m,
-		Metrics:          promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}),
-		Logger:           logger,
-		StoreRules:       rules,
+		Tracing:          tr,
+		// OpenMetrics when the scraper asks for it: the format that carries exemplars.
+		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg, EnableOpenMetrics: true}),
+		Logger:     logger,
+		StoreRules: rules,
 		// Stored by default: see ADR 0049.
 		NoStoreToolCalls: !cfg.Store.ToolCalls,
 	})
@@ -141,7 +152,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 			for _, c := range clients {
 				err = errors.Join(err, c.Close())
 			}
-			return err
+			return errors.Join(err, tr.Shutdown(ctx))
 		},
 	}, nil
 }

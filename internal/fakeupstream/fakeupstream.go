@@ -44,7 +44,8 @@ type Call struct {
 	Path          string `json:"path"`
 	Authorization string `json:"authorization"`
 	Body          string `json:"body"`
-	Proto         string `json:"proto"` // HTTP/1.1, HTTP/2.0
+	Proto         string `json:"proto"`                 // HTTP/1.1, HTTP/2.0
+	Traceparent   string `json:"traceparent,omitempty"` // the W3C trace context it was sent
 }
 
 // Stats are the counters of an Upstream, as GET /_fake/stats and /_fake/wait answer them.
@@ -184,7 +185,8 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		u.behavior.Fail = b.Fail[1:]
 	}
 	hold := u.hold
-	u.log = append(u.log, Call{N: n, Path: r.URL.Path, Authorization: r.Header.Get("Authorization"), Body: string(body), Proto: r.Proto})
+	u.log = append(u.log, Call{N: n, Path: r.URL.Path, Authorization: r.Header.Get("Authorization"), Body: string(body), Proto: r.Proto,
+		Traceparent: r.Header.Get("Traceparent")})
 	close(u.started)
 	u.started = make(chan struct{})
 	u.notifyLocked()

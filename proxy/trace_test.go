@@ -1,0 +1,144 @@
+package proxy_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/tracing"
+)
+
+// traced returns a setup whose instances trace into rec, as cmd wires tracing.
+func traced(rs setup, rec *tracetest.SpanRecorder) setup {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	tr := &tracing.Tracing{Tracer: tp.Tracer(tracing.Name), Propagator: propagation.TraceContext{}}
+	rs.flight.Tracer = tr.Tracer
+	rs.proxy = func(c *proxy.Config) { c.Tracing = tr }
+	return rs
+}
+
+func attrOf(attrs []attribute.KeyValue, k attribute.Key) (attribute.Value, bool) {
+	for _, a := range attrs {
+		if a.Key == k {
+			return a.Value, true
+		}
+	}
+	return attribute.Value{}, false
+}
+
+// spansNamed are the ended spans whose name starts with prefix.
+func spansNamed(rec *tracetest.SpanRecorder, prefix string) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if strings.HasPrefix(s.Name(), prefix) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// TestEveryAnswerLinksToTheCallThatMadeIt: over two instances on one Redis, the one
+// upstream call has a client span whose context the upstream received; the owner's server
+// span is its parent and keeps the client's trace; every follower's and hit's server span
+// links to that call, whichever instance served it, and none reuses its span ID.
+func TestEveryAnswerLinksToTheCallThatMadeIt(t *testing.T) {
+	for name, rs := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			up := startUpstream(t)
+			up.Set(fakeHold())
+			rec := tracetest.NewSpanRecorder()
+			s := traced(setup{redis: rs, flight: singleflight.Options{ResultTTL: time.Minute}}, rec)
+			ins := []*instance{newInstance(t, up, s)}
+			if rs != nil {
+				ins = append(ins, newInstance(t, up, s))
+			}
+			const incoming = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+			done := make(chan []answer)
+			go func() {
+				done <- burst(t, ins, 20, "/v1/chat/completions", chatBody, "Traceparent", incoming)
+			}()
+			waitWaiting(t, ins, 20)
+			up.Release()
+			as := <-done
+			hit := post(t, ins[len(ins)-1].URL, "/v1/chat/completions", chatBody)
+			if up.Calls() != 1 || hit.header.Get("X-Dedupe-Role") != "hit" {
+				t.Fatalf("%d calls, repeat served as %q; want 1 call and a hit", up.Calls(), hit.header.Get("X-Dedupe-Role"))
+			}
+
+			calls := spansNamed(rec, "chat ")
+			if len(calls) != 1 {
+				t.Fatalf("%d upstream client spans; want 1", len(calls))
+			}
+			call := calls[0]
+			sent := up.Log()[0].Traceparent
+			want := "00-" + call.SpanContext().TraceID().String() + "-" + call.SpanContext().SpanID().String() + "-01"
+			if sent != want || call.SpanKind() != trace.SpanKindClient {
+				t.Fatalf("upstream got traceparent %q; want the client span's %q", sent, want)
+			}
+			if v, _ := attrOf(call.Attributes(), tracing.GenAIResponseID); v.AsString() == "" {
+				t.Errorf("client span attributes %v: want gen_ai.response.id", call.Attributes())
+			}
+			if v, _ := attrOf(call.Attributes(), tracing.GenAIInputTokens); v.AsInt64() != 11 {
+				t.Errorf("client span input tokens %v; want 11", v.AsInt64())
+			}
+
+			servers := spansNamed(rec, "POST /v1/chat/completions")
+			if len(servers) != len(as)+1 {
+				t.Fatalf("%d server spans; want %d", len(servers), len(as)+1)
+			}
+			byRole := map[string]int{}
+			for _, sp := range servers {
+				role, _ := attrOf(sp.Attributes(), tracing.Role)
+				byRole[role.AsString()]++
+				if sp.SpanContext().SpanID() == call.SpanContext().SpanID() {
+					t.Fatalf("a %s span reuses the call's span ID", role.AsString())
+				}
+				if sp.SpanContext().TraceID().String() != "0af7651916cd43dd8448eb211c80319c" && role.AsString() != "hit" {
+					t.Errorf("%s span in trace %s; want the incoming trace kept", role.AsString(), sp.SpanContext().TraceID())
+				}
+				switch role.AsString() {
+				case "owner":
+					if call.Parent().SpanID() != sp.SpanContext().SpanID() {
+						t.Errorf("client span's parent %s; want the owner's server span %s", call.Parent().SpanID(), sp.SpanContext().SpanID())
+					}
+				case "follower", "hit":
+					links := sp.Links()
+					if len(links) != 1 || links[0].SpanContext.SpanID() != call.SpanContext().SpanID() {
+						t.Fatalf("%s span links %v; want one link to the call", role.AsString(), links)
+					}
+					reason, _ := attrOf(links[0].Attributes, tracing.LinkReason)
+					if reason.AsString() != role.AsString() {
+						t.Errorf("%s link reason %q", role.AsString(), reason.AsString())
+					}
+				default:
+					t.Errorf("server span with role %q", role.AsString())
+				}
+			}
+			if byRole["owner"] != 1 || byRole["follower"]+byRole["hit"] != len(as) {
+				t.Fatalf("server span roles %v; want 1 owner and %d followers or hits", byRole, len(as))
+			}
+		})
+	}
+}
+
+// TestUntracedRequestsSendTheClientsTraceparentOn: with tracing off, nothing is added and
+// the client's own traceparent goes upstream untouched.
+func TestUntracedRequestsSendTheClientsTraceparentOn(t *testing.T) {
+	up := startUpstream(t)
+	in := newInstance(t, up, setup{})
+	const incoming = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	if a := post(t, in.URL, "/v1/chat/completions", chatBody, "Traceparent", incoming); a.status != 200 {
+		t.Fatalf("status %d", a.status)
+	}
+	if got := up.Log()[0].Traceparent; got != incoming {
+		t.Fatalf("upstream got %q; want the client's %q", got, incoming)
+	}
+}
