@@ -140,7 +140,11 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.Logger = slog.Default()
 	}
 	p := &Proxy{cfg: cfg}
-	pass := NewPassthrough(cfg.Upstream, cfg.APIKey, cfg.Transport)
+	passT := cfg.Transport
+	if cfg.Tracing != nil {
+		passT = tracedTransport{next: passT, t: cfg.Tracing}
+	}
+	pass := NewPassthrough(cfg.Upstream, cfg.APIKey, passT)
 	pass.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)
 	p.pass = Timeout(cfg.Timeout)(fullDuplex(pass))
 

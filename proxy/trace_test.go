@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/tracing"
@@ -50,8 +51,18 @@ func spansNamed(rec *tracetest.SpanRecorder, prefix string) []sdktrace.ReadOnlyS
 // span is its parent and keeps the client's trace; every follower's and hit's server span
 // links to that call, whichever instance served it, and none reuses its span ID.
 func TestEveryAnswerLinksToTheCallThatMadeIt(t *testing.T) {
+	bodies := map[string]string{"unary": chatBody,
+		"stream": `{"model":"gpt-test","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hello"}]}`}
 	for name, rs := range backends(t) {
-		t.Run(name, func(t *testing.T) {
+		for kind, body := range bodies {
+			t.Run(name+"/"+kind, func(t *testing.T) { linksToTheCall(t, rs, body) })
+		}
+	}
+}
+
+func linksToTheCall(t *testing.T, rs *redistest.Server, chatBody string) {
+	{
+		{
 			up := startUpstream(t)
 			up.Set(fakeHold())
 			rec := tracetest.NewSpanRecorder()
@@ -65,7 +76,11 @@ func TestEveryAnswerLinksToTheCallThatMadeIt(t *testing.T) {
 			go func() {
 				done <- burst(t, ins, 20, "/v1/chat/completions", chatBody, "Traceparent", incoming)
 			}()
-			waitWaiting(t, ins, 20)
+			if strings.Contains(chatBody, `"stream":true`) {
+				waitRoles(t, ins, len(ins)) // a stream's first bytes come before the hold
+			} else {
+				waitWaiting(t, ins, 20)
+			}
 			up.Release()
 			as := <-done
 			hit := post(t, ins[len(ins)-1].URL, "/v1/chat/completions", chatBody)
@@ -125,7 +140,7 @@ func TestEveryAnswerLinksToTheCallThatMadeIt(t *testing.T) {
 			if byRole["owner"] != 1 || byRole["follower"]+byRole["hit"] != len(as) {
 				t.Fatalf("server span roles %v; want 1 owner and %d followers or hits", byRole, len(as))
 			}
-		})
+		}
 	}
 }
 
@@ -140,5 +155,36 @@ func TestUntracedRequestsSendTheClientsTraceparentOn(t *testing.T) {
 	}
 	if got := up.Log()[0].Traceparent; got != incoming {
 		t.Fatalf("upstream got %q; want the client's %q", got, incoming)
+	}
+}
+
+// TestBypassedCallsHaveAClientSpan: a request that goes straight upstream has a client
+// span too, child of its server span, and the upstream gets that span's context.
+func TestBypassedCallsHaveAClientSpan(t *testing.T) {
+	up := startUpstream(t)
+	rec := tracetest.NewSpanRecorder()
+	in := newInstance(t, up, traced(setup{}, rec))
+	if a := post(t, in.URL, "/v1/chat/completions", chatBody, proxy.HeaderBypass, "1"); a.status != 200 {
+		t.Fatalf("status %d", a.status)
+	}
+	calls := spansNamed(rec, "POST")
+	var server, client sdktrace.ReadOnlySpan
+	for _, s := range calls {
+		switch s.SpanKind() {
+		case trace.SpanKindServer:
+			server = s
+		case trace.SpanKindClient:
+			client = s
+		}
+	}
+	if server == nil || client == nil || client.Parent().SpanID() != server.SpanContext().SpanID() {
+		t.Fatalf("spans %v; want a client span child of the server span", calls)
+	}
+	if role, _ := attrOf(server.Attributes(), tracing.Role); role.AsString() != "bypass" {
+		t.Errorf("server span role %q; want bypass", role.AsString())
+	}
+	want := "00-" + client.SpanContext().TraceID().String() + "-" + client.SpanContext().SpanID().String() + "-01"
+	if got := up.Log()[0].Traceparent; got != want {
+		t.Fatalf("upstream got %q; want %q", got, want)
 	}
 }

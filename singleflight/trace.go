@@ -33,8 +33,6 @@ func phaseOf(st leadState, cur phase) phase {
 		return phaseTakeover
 	case leadFollow, leadCatchUp:
 		return phaseWait
-	case leadDetached:
-		return cur // a parked wait goes on
 	}
 	return phaseNone // owning (the owner function traces its call), going local, ended
 }
@@ -46,7 +44,8 @@ type leadSpan struct {
 }
 
 // enter ends the span of the phase the lead leaves and starts the one of the phase it
-// enters. Nothing is done without Options.Tracer or a caller's span to parent it.
+// enters; a parked wait's span goes on until the lead resumes. Nothing is done without
+// Options.Tracer or a caller's span to parent it.
 func (l *leader) enter(st leadState) {
 	t := l.r.g.opts.Tracer
 	if t == nil || !l.f.call.Trace.IsValid() {
