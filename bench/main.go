@@ -53,7 +53,7 @@ func quickCfg() cfg {
 		rssSizes: []int{1000}, profileDur: 2 * time.Second, keepSamples: true}
 }
 
-var phases = []string{"owner", "hit", "lag", "stream", "dup", "redis", "rss", "pprof"}
+var phases = []string{"owner", "hit", "trace", "lag", "stream", "dup", "redis", "rss", "pprof"}
 
 func main() {
 	runAsOwners() // the owner process of the rss measurement: see ownersEnv
@@ -109,6 +109,7 @@ type results struct {
 	Config   map[string]any `json:"config"`
 	Owner    []latencyCell  `json:"owner_path,omitempty"`
 	Hit      []latencyCell  `json:"hit_path,omitempty"`
+	Trace    *traceCells    `json:"tracing,omitempty"`
 	Lag      []lagCell      `json:"follower_lag,omitempty"`
 	Stream   []lagCell      `json:"stream_first_chunk_lag,omitempty"`
 	Dup      []dupCell      `json:"duplicates,omitempty"`
@@ -163,6 +164,7 @@ func run(ctx context.Context, c cfg, want map[string]bool, withNginx bool, out, 
 	}{
 		{"owner", "owner path: unique prompts, upstream 50ms", func() (err error) { res.Owner, err = e.ownerOverhead(ctx, c); return }},
 		{"hit", "hit path: stored answers", func() (err error) { res.Hit, err = e.hits(ctx, c); return }},
+		{"trace", "tracing on (every request sampled) beside tracing off: hit and owner paths", func() (err error) { res.Trace, err = e.tracingCost(ctx, c); return }},
 		{"lag", "follower completion lag, unary (upstream 50ms, duplicates 10ms after the first)", func() (err error) {
 			if err = e.setFake(ctx, behavior{Delay: 50 * time.Millisecond}); err == nil {
 				res.Lag, err = e.lags(ctx, c, e.lagSpecs(false), 10*time.Millisecond)

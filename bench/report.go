@@ -101,6 +101,7 @@ func report(r *results, raw string) string {
 	summaryTable(&b, r)
 	ownerSection(&b, r)
 	hitSection(&b, r)
+	traceSection(&b, r)
 	lagSection(&b, "Follower completion lag (unary)", "A request is sent, and 10 ms later (its 50 ms upstream call under way) duplicates of it. Lag = when a duplicate's client got its last byte minus when the first request's client got its last byte.", r.Lag)
 	lagSection(&b, "Streaming: follower first-chunk lag", "A streamed request is sent (the upstream sends 10 chunks 20 ms apart), and 5 ms later duplicates of it. Lag = when a duplicate's client got its first body byte minus when the first request's client got its first body byte.", r.Stream)
 	dupSection(&b, r)
@@ -251,6 +252,22 @@ func hitSection(b *strings.Builder, r *results) {
 	}
 	fmt.Fprintf(b, "## Hit path: a stored answer\n\n64 prompts are answered once, then asked again and again. The baseline is the fake upstream answering at once (0 ms): the cost of the HTTP round trip alone.\n\n")
 	latencyTable(b, r.Hit, "direct")
+}
+
+func traceSection(b *strings.Builder, r *results) {
+	t := r.Trace
+	if t == nil || len(t.Hit) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "## Tracing\n\nOne more instance traces every request (`OTEL_TRACES_SAMPLER=always_on`, OTLP/HTTP to a sink on loopback that drops what it gets), beside proxy-1, which does not: the same stored answers, then unique prompts (upstream 50 ms, one client). %d exports, %.1f MiB.\n\n", t.Exports, float64(t.ExportBytes)/(1<<20))
+	latencyTable(b, t.Hit, "tracing off")
+	latencyTable(b, t.Owner, "tracing off")
+	for _, off := range t.Hit {
+		on, ok := cell(t.Hit, "tracing on", off.Conc)
+		if strings.HasPrefix(off.Target, "tracing off") && ok && off.RPS > 0 {
+			fmt.Fprintf(b, "Hits with %d clients: tracing on serves %.2f× the requests per second of tracing off.\n\n", off.Conc, on.RPS/off.RPS)
+		}
+	}
 }
 
 func lagSection(b *strings.Builder, title, how string, cells []lagCell) {

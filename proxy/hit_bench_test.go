@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/tracing"
 )
 
 // hitBody is a chat request about the size of a real one (~1 KB), as the bench harness
@@ -54,6 +56,18 @@ func BenchmarkHitPath(b *testing.B) {
 		c.Logger = slog.New(slog.NewJSONHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
 	loud := func(c *proxy.Config) { c.Logger = slog.New(slog.NewJSONHandler(io.Discard, nil)) }
+	// traced exports every span over OTLP/HTTP to a sink that drops it, as the bench
+	// harness's trace phase does.
+	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) }))
+	b.Cleanup(sink.Close)
+	b.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.URL)
+	b.Setenv("OTEL_TRACES_SAMPLER", "always_on")
+	tr, err := tracing.New(context.Background(), "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = tr.Shutdown(context.Background()) })
+	traced := func(c *proxy.Config) { quiet(c); c.Tracing = tr }
 	for _, s := range []struct {
 		name string
 		s    setup
@@ -61,6 +75,7 @@ func BenchmarkHitPath(b *testing.B) {
 		{"memory", setup{flight: singleflight.Options{ResultTTL: time.Hour}, proxy: quiet}},
 		{"redis", setup{redis: rs, flight: singleflight.Options{ResultTTL: time.Hour}, proxy: quiet}},
 		{"memory-log-info", setup{flight: singleflight.Options{ResultTTL: time.Hour}, proxy: loud}},
+		{"memory-traced", setup{flight: singleflight.Options{ResultTTL: time.Hour, Tracer: tr.Tracer}, proxy: traced}},
 	} {
 		b.Run(s.name, func(b *testing.B) {
 			in := newInstance(b, up, s.s)

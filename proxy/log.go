@@ -65,7 +65,7 @@ func (p *Proxy) finish(route string, r *http.Request, ww *statusWriter, info *re
 		p.cfg.Recorder.Request(r.Context(), route, info.role, status, d)
 	}
 	if span != nil {
-		endSpan(span, info, status)
+		endSpan(span, r, route, info, status)
 	}
 	if p.cfg.Logger.Enabled(r.Context(), slog.LevelInfo) { // else its attributes need not be made
 		p.logRequest(r, route, info, status, d)

@@ -23,27 +23,39 @@ import (
 // and travels with the answer (Head.Origin), so that every follower and hit links to it.
 // With Config.Tracing nil, none of this runs.
 
-// startSpan starts a request's server span, a child of the trace the request names.
+// Span options made once: an option is an interface value, allocated when made.
+var (
+	serverKind = trace.WithSpanKind(trace.SpanKindServer)
+	clientKind = trace.WithSpanKind(trace.SpanKindClient)
+)
+
+// startSpan starts a request's server span, a child of the trace the request names. Its
+// attributes are set once, when it ends.
 func (p *Proxy) startSpan(r *http.Request, route string) (*http.Request, trace.Span) {
 	t := p.cfg.Tracing
 	ctx := t.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	name, attrs := r.Method, []attribute.KeyValue{semconv.HTTPRequestMethodKey.String(r.Method), semconv.URLPath(r.URL.Path)}
+	name := r.Method
 	if route != "passthrough" {
 		name += " " + route
-		attrs = append(attrs, semconv.HTTPRoute(route))
-		if op := tracing.Operation(route); op != "" {
-			attrs = append(attrs, tracing.GenAIOperation.String(op))
-		}
 	}
-	ctx, span := t.Tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
+	ctx, span := t.Tracer.Start(ctx, name, serverKind)
 	return r.WithContext(ctx), span
 }
 
 // endSpan ends a request's server span with what the request learnt: its role, key and
 // model, and a link to the upstream call that made its answer when another request's did.
-func endSpan(span trace.Span, info *requestInfo, status int) {
-	attrs := make([]attribute.KeyValue, 0, 8)
-	attrs = append(attrs, semconv.HTTPResponseStatusCode(status), tracing.Role.String(info.role))
+func endSpan(span trace.Span, r *http.Request, route string, info *requestInfo, status int) {
+	attrs := make([]attribute.KeyValue, 0, 10)
+	attrs = append(attrs, semconv.HTTPRequestMethodKey.String(r.Method), semconv.HTTPResponseStatusCode(status),
+		tracing.Role.String(info.role))
+	if route == "passthrough" {
+		attrs = append(attrs, semconv.URLPath(r.URL.Path))
+	} else {
+		attrs = append(attrs, semconv.HTTPRoute(route))
+		if op := tracing.Operation(route); op != "" {
+			attrs = append(attrs, tracing.GenAIOperation.String(op))
+		}
+	}
 	if len(info.key) >= 12 {
 		attrs = append(attrs, tracing.KeyPrefix.String(info.key[:12]))
 	}
@@ -104,7 +116,7 @@ func (p *Proxy) startCall(ctx context.Context, leader *http.Request, route, mode
 	if a.Takeover != "" {
 		attrs = append(attrs, tracing.Takeover.String(a.Takeover))
 	}
-	_, span := t.Tracer.Start(parent, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	_, span := t.Tracer.Start(parent, name, clientKind, trace.WithAttributes(attrs...))
 	sctx := trace.ContextWithSpan(ctx, span)
 	out.Header.Del("Traceparent")
 	out.Header.Del("Tracestate")

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,8 +18,47 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/tracing"
 )
 
+// spanLog records ended spans and says when one ends: a server span ends after its
+// client got the last byte, when the handler returns.
+type spanLog struct {
+	*tracetest.SpanRecorder
+	mu    sync.Mutex
+	ended chan struct{}
+}
+
+func newSpanLog() *spanLog {
+	return &spanLog{SpanRecorder: tracetest.NewSpanRecorder(), ended: make(chan struct{})}
+}
+
+func (l *spanLog) OnEnd(s sdktrace.ReadOnlySpan) {
+	l.SpanRecorder.OnEnd(s)
+	l.mu.Lock()
+	close(l.ended)
+	l.ended = make(chan struct{})
+	l.mu.Unlock()
+}
+
+// waitEnded waits until n spans whose name starts with prefix have ended.
+func (l *spanLog) waitEnded(t *testing.T, prefix string, n int) []sdktrace.ReadOnlySpan {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		l.mu.Lock()
+		ch := l.ended
+		l.mu.Unlock()
+		if got := spansNamed(l, prefix); len(got) >= n {
+			return got
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("%d spans %q ended after 10s; want %d", len(spansNamed(l, prefix)), prefix, n)
+		}
+	}
+}
+
 // traced returns a setup whose instances trace into rec, as cmd wires tracing.
-func traced(rs setup, rec *tracetest.SpanRecorder) setup {
+func traced(rs setup, rec *spanLog) setup {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	tr := &tracing.Tracing{Tracer: tp.Tracer(tracing.Name), Propagator: propagation.TraceContext{}}
 	rs.flight.Tracer = tr.Tracer
@@ -36,7 +76,7 @@ func attrOf(attrs []attribute.KeyValue, k attribute.Key) (attribute.Value, bool)
 }
 
 // spansNamed are the ended spans whose name starts with prefix.
-func spansNamed(rec *tracetest.SpanRecorder, prefix string) []sdktrace.ReadOnlySpan {
+func spansNamed(rec *spanLog, prefix string) []sdktrace.ReadOnlySpan {
 	var out []sdktrace.ReadOnlySpan
 	for _, s := range rec.Ended() {
 		if strings.HasPrefix(s.Name(), prefix) {
@@ -65,7 +105,7 @@ func linksToTheCall(t *testing.T, rs *redistest.Server, chatBody string) {
 		{
 			up := startUpstream(t)
 			up.Set(fakeHold())
-			rec := tracetest.NewSpanRecorder()
+			rec := newSpanLog()
 			s := traced(setup{redis: rs, flight: singleflight.Options{ResultTTL: time.Minute}}, rec)
 			ins := []*instance{newInstance(t, up, s)}
 			if rs != nil {
@@ -88,7 +128,7 @@ func linksToTheCall(t *testing.T, rs *redistest.Server, chatBody string) {
 				t.Fatalf("%d calls, repeat served as %q; want 1 call and a hit", up.Calls(), hit.header.Get("X-Dedupe-Role"))
 			}
 
-			calls := spansNamed(rec, "chat ")
+			calls := rec.waitEnded(t, "chat ", 1)
 			if len(calls) != 1 {
 				t.Fatalf("%d upstream client spans; want 1", len(calls))
 			}
@@ -105,7 +145,7 @@ func linksToTheCall(t *testing.T, rs *redistest.Server, chatBody string) {
 				t.Errorf("client span input tokens %v; want 11", v.AsInt64())
 			}
 
-			servers := spansNamed(rec, "POST /v1/chat/completions")
+			servers := rec.waitEnded(t, "POST /v1/chat/completions", len(as)+1)
 			if len(servers) != len(as)+1 {
 				t.Fatalf("%d server spans; want %d", len(servers), len(as)+1)
 			}
@@ -162,12 +202,12 @@ func TestUntracedRequestsSendTheClientsTraceparentOn(t *testing.T) {
 // span too, child of its server span, and the upstream gets that span's context.
 func TestBypassedCallsHaveAClientSpan(t *testing.T) {
 	up := startUpstream(t)
-	rec := tracetest.NewSpanRecorder()
+	rec := newSpanLog()
 	in := newInstance(t, up, traced(setup{}, rec))
 	if a := post(t, in.URL, "/v1/chat/completions", chatBody, proxy.HeaderBypass, "1"); a.status != 200 {
 		t.Fatalf("status %d", a.status)
 	}
-	calls := spansNamed(rec, "POST")
+	calls := rec.waitEnded(t, "POST", 2)
 	var server, client sdktrace.ReadOnlySpan
 	for _, s := range calls {
 		switch s.SpanKind() {

@@ -19,7 +19,7 @@ import (
 // Redis and a later hit through the stored answer. Every span is a child of the caller's.
 func TestTakeoverIsTracedAndItsOriginReachesFollowers(t *testing.T) {
 	b := backend{name: "redis", redis: redistest.Start(t)}
-	rec := tracetest.NewSpanRecorder()
+	rec := &endedSpans{SpanRecorder: tracetest.NewSpanRecorder(), next: make(chan struct{}, 16)}
 	tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("test")
 	o := Options{LeaseTTL: 600 * time.Millisecond, HeartbeatInterval: 200 * time.Millisecond,
 		TakeoverJitter: 50 * time.Millisecond, ResultTTL: time.Minute, Tracer: tracer}
@@ -64,8 +64,18 @@ func TestTakeoverIsTracedAndItsOriginReachesFollowers(t *testing.T) {
 		t.Fatalf("other instance: role %v origin %q; want a hit with the stored origin", out.role, out.head.Origin)
 	}
 
+	// The last span ends when C's lead does, which may be just after its answer.
+	ended, deadline := rec.Ended(), time.After(10*time.Second)
+	for len(ended) < 4 {
+		select {
+		case <-rec.next:
+			ended = rec.Ended()
+		case <-deadline:
+			t.Fatalf("%d spans ended after 10s; want 4", len(ended))
+		}
+	}
 	names := map[string]int{}
-	for _, s := range rec.Ended() {
+	for _, s := range ended {
 		names[s.Name()]++
 		if s.Parent().SpanID() != parent.SpanID() || s.SpanContext().TraceID() != parent.TraceID() {
 			t.Errorf("span %s has parent %s; want the caller's", s.Name(), s.Parent().SpanID())
@@ -96,5 +106,19 @@ func TestOriginTravelsInTheEncodedHeader(t *testing.T) {
 		if _, ok := got.Header[originKey]; ok {
 			t.Fatalf("origin left in the header: %v", got.Header)
 		}
+	}
+}
+
+// endedSpans records spans and signals each end on next.
+type endedSpans struct {
+	*tracetest.SpanRecorder
+	next chan struct{}
+}
+
+func (e *endedSpans) OnEnd(s sdktrace.ReadOnlySpan) {
+	e.SpanRecorder.OnEnd(s)
+	select {
+	case e.next <- struct{}{}:
+	default:
 	}
 }

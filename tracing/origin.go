@@ -80,7 +80,8 @@ func ParseOrigin(s string) (Origin, bool) {
 }
 
 // LinkTo is the link a request's span makes to the origin of its answer: reason is hit for
-// a stored answer, else follower, or takeover when a later attempt made it.
+// a stored answer, else follower, or takeover when a later attempt made it. The attempt is
+// an attribute of the request's span.
 func LinkTo(o Origin, hit bool) trace.Link {
 	reason := LinkFollower
 	switch {
@@ -89,7 +90,7 @@ func LinkTo(o Origin, hit bool) trace.Link {
 	case o.Attempt > 1:
 		reason = LinkTakeover
 	}
-	return trace.Link{SpanContext: o.Span, Attributes: []attribute.KeyValue{LinkReason.String(reason), Attempt.Int(o.Attempt)}}
+	return trace.Link{SpanContext: o.Span, Attributes: []attribute.KeyValue{LinkReason.String(reason)}}
 }
 
 // Operation is gen_ai.operation.name for a deduplicated route; "" for a route it does not know.

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+)
+
+// traceCells is what tracing costs: the hit and owner paths of an instance that traces
+// every request (always_on, exported over OTLP/HTTP to a sink on loopback) beside one that
+// does not, in the same run. See ADR 0061.
+type traceCells struct {
+	Hit         []latencyCell `json:"hit"`
+	Owner       []latencyCell `json:"owner"`
+	ExportBytes int64         `json:"export_bytes"`
+	Exports     int64         `json:"exports"`
+}
+
+// otlpSink takes OTLP/HTTP trace exports and drops them, counting what came.
+type otlpSink struct {
+	srv            *http.Server
+	url            string
+	bytes, exports atomic.Int64
+}
+
+func startSink() (*otlpSink, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &otlpSink{url: "http://" + ln.Addr().String()}
+	s.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		s.bytes.Add(n)
+		s.exports.Add(1)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.WriteHeader(http.StatusOK) // an empty ExportTraceServiceResponse
+	}), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = s.srv.Serve(ln) }()
+	return s, nil
+}
+
+func (e *env) tracingCost(ctx context.Context, c cfg) (*traceCells, error) {
+	sink, err := startSink()
+	if err != nil {
+		return nil, err
+	}
+	defer sink.srv.Close()
+	_, traced, err := startProxy(ctx, &e.ps, e.dir, e.proxyBin, "proxy-traced", e.fakeURL, e.redisAddr(),
+		"OTEL_EXPORTER_OTLP_ENDPOINT="+sink.url, "OTEL_TRACES_SAMPLER=always_on", "OTEL_SERVICE_NAME=bench")
+	if err != nil {
+		return nil, err
+	}
+	out := &traceCells{}
+	if err := e.setFake(ctx, behavior{}); err != nil {
+		return nil, err
+	}
+	const hitKeys = 64
+	bodies := make([][]byte, hitKeys)
+	for i := range bodies {
+		bodies[i] = chatBody(fmt.Sprintf("%s traced hit #%d", e.runID, i), false)
+	}
+	targets := []target{{"tracing off (hit)", chatURL(e.proxy[0])}, {"tracing on, all sampled (hit)", chatURL(traced)}}
+	for _, t := range targets {
+		for _, b := range bodies {
+			if r := e.c.post(ctx, t.url, b, false); !r.ok() {
+				return nil, fmt.Errorf("storing a hit through %s: status %d %v", t.name, r.status, r.err)
+			}
+		}
+	}
+	for _, conc := range c.hitConc {
+		out.Hit = append(out.Hit, e.measureLatency(ctx, c, targets, conc, func(t target, run int) func(int64) []byte {
+			return func(i int64) []byte { return bodies[i%hitKeys] }
+		})...)
+	}
+	if err := e.setFake(ctx, behavior{Delay: 50 * time.Millisecond}); err != nil {
+		return nil, err
+	}
+	owners := []target{{"tracing off (owner)", chatURL(e.proxy[0])}, {"tracing on, all sampled (owner)", chatURL(traced)}}
+	out.Owner = e.measureLatency(ctx, c, owners, 1, func(t target, run int) func(int64) []byte {
+		return func(i int64) []byte {
+			return chatBody(fmt.Sprintf("%s traced owner %s r%d #%d", e.runID, t.name, run, i), false)
+		}
+	})
+	out.ExportBytes, out.Exports = sink.bytes.Load(), sink.exports.Load()
+	return out, nil
+}
