@@ -43,3 +43,19 @@ func TestDurationsCarryTheTraceIDOfASampledSpan(t *testing.T) {
 		t.Fatalf("exemplars %v; want one on each duration histogram, for the sampled span only", found)
 	}
 }
+
+// TestOneExemplarASecondPerBucket: a bucket takes a new exemplar once its last is a second
+// old; another bucket is not held back by it.
+func TestOneExemplarASecondPerBucket(t *testing.T) {
+	g := newExemplarGate()
+	now := time.Now().UnixNano()
+	if !g.admit(0.002, now) || g.admit(0.002, now+int64(500*time.Millisecond)) {
+		t.Fatal("a bucket took two exemplars within a second")
+	}
+	if !g.admit(30, now+1) {
+		t.Fatal("a slow bucket was held back by a fast one")
+	}
+	if !g.admit(0.002, now+int64(time.Second)) {
+		t.Fatal("a bucket took no exemplar a second after its last")
+	}
+}

@@ -27,7 +27,9 @@ package metrics
 
 import (
 	"context"
+	"sort"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -78,7 +80,9 @@ var invalidationKinds = []string{"answer", "namespace", "all"}
 
 // durationBuckets span what an LLM proxy sees: a cache hit in about a millisecond up to a
 // long generation of several minutes, 16 buckets growing by about ×1.7.
-var durationBuckets = prometheus.ExponentialBucketsRange(0.001, 300, 16)
+var durationBuckets = prometheus.ExponentialBucketsRange(0.001, 300, durationBucketCount)
+
+const durationBucketCount = 16
 
 // Metrics holds every collector of the proxy, so that callers record through a few methods
 // instead of knowing metric names and labels. It implements singleflight.Observer. Its
@@ -121,8 +125,9 @@ type requestLabels struct {
 }
 
 type requestChildren struct {
-	count    prometheus.Counter
-	duration prometheus.Observer
+	count     prometheus.Counter
+	duration  prometheus.Observer
+	exemplars *exemplarGate
 }
 
 type upstreamLabels struct {
@@ -131,8 +136,9 @@ type upstreamLabels struct {
 }
 
 type upstreamChildren struct {
-	count    prometheus.Counter
-	duration prometheus.Observer
+	count     prometheus.Counter
+	duration  prometheus.Observer
+	exemplars *exemplarGate
 }
 
 type tokenLabels struct{ model, kind string }
@@ -274,12 +280,13 @@ func (m *Metrics) Request(ctx context.Context, route, role string, code int, d t
 	}
 	c := m.requestSeries.get(requestLabels{route, role, code}, func(l requestLabels) requestChildren {
 		return requestChildren{
-			count:    m.requests.WithLabelValues(l.route, l.role, strconv.Itoa(l.code)),
-			duration: m.requestDuration.WithLabelValues(l.route, l.role),
+			count:     m.requests.WithLabelValues(l.route, l.role, strconv.Itoa(l.code)),
+			duration:  m.requestDuration.WithLabelValues(l.route, l.role),
+			exemplars: newExemplarGate(),
 		}
 	})
 	c.count.Inc()
-	observe(ctx, c.duration, d.Seconds())
+	c.exemplars.observe(ctx, c.duration, d.Seconds())
 }
 
 // Upstream records one call to the upstream API, the cost the proxy exists to save. A code
@@ -295,12 +302,13 @@ func (m *Metrics) Upstream(ctx context.Context, route string, code int, d time.D
 			code = strconv.Itoa(l.code)
 		}
 		return upstreamChildren{
-			count:    m.upstream.WithLabelValues(l.route, code),
-			duration: m.upstreamDuration.WithLabelValues(l.route),
+			count:     m.upstream.WithLabelValues(l.route, code),
+			duration:  m.upstreamDuration.WithLabelValues(l.route),
+			exemplars: newExemplarGate(),
 		}
 	})
 	c.count.Inc()
-	observe(ctx, c.duration, d.Seconds())
+	c.exemplars.observe(ctx, c.duration, d.Seconds())
 }
 
 // Saved records one request served without its own upstream call (a follower or a hit),
@@ -343,14 +351,29 @@ func (m *Metrics) WaitingAdd(delta int) {
 	m.waiting.Add(float64(delta))
 }
 
+// exemplarGate lets one exemplar a second into each bucket of a duration histogram:
+// Prometheus keeps only a bucket's latest, and making one allocates (ADR 0061).
+type exemplarGate struct {
+	last [durationBucketCount + 1]atomic.Int64 // unix ns of each bucket's latest
+}
+
+func newExemplarGate() *exemplarGate { return &exemplarGate{} }
+
 // observe records v, with the trace ID of ctx's span as its exemplar when that span is
-// sampled: a dashboard goes from a slow bucket to its trace (ADR 0061).
-func observe(ctx context.Context, h prometheus.Observer, v float64) {
+// sampled and v's bucket had none for a second: a dashboard goes from a slow bucket to
+// its trace.
+func (g *exemplarGate) observe(ctx context.Context, h prometheus.Observer, v float64) {
 	if sc := trace.SpanContextFromContext(ctx); sc.IsSampled() {
-		if eo, ok := h.(prometheus.ExemplarObserver); ok {
+		if eo, ok := h.(prometheus.ExemplarObserver); ok && g.admit(v, time.Now().UnixNano()) {
 			eo.ObserveWithExemplar(v, prometheus.Labels{"trace_id": sc.TraceID().String()})
 			return
 		}
 	}
 	h.Observe(v)
+}
+
+func (g *exemplarGate) admit(v float64, now int64) bool {
+	l := &g.last[sort.SearchFloat64s(durationBuckets, v)]
+	t := l.Load()
+	return now-t >= int64(time.Second) && l.CompareAndSwap(t, now)
 }

@@ -33,7 +33,7 @@ var (
 // attributes are set once, when it ends.
 func (p *Proxy) startSpan(r *http.Request, route string) (*http.Request, trace.Span) {
 	t := p.cfg.Tracing
-	ctx := t.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx := t.Propagator.Extract(r.Context(), canonicalCarrier(r.Header))
 	name := r.Method
 	if route != "passthrough" {
 		name += " " + route
@@ -80,6 +80,29 @@ func endSpan(span trace.Span, r *http.Request, route string, info *requestInfo, 
 	}
 	span.End()
 }
+
+// canonicalCarrier reads the trace context's headers by their canonical names, which
+// http.Header.Get would make anew from the lower-case names the propagator asks for.
+type canonicalCarrier http.Header
+
+func (c canonicalCarrier) Get(key string) string {
+	var vs []string
+	switch key {
+	case "traceparent":
+		vs = c["Traceparent"]
+	case "tracestate":
+		vs = c["Tracestate"]
+	default:
+		return http.Header(c).Get(key)
+	}
+	if len(vs) == 0 {
+		return ""
+	}
+	return vs[0]
+}
+
+func (c canonicalCarrier) Set(key, value string) { http.Header(c).Set(key, value) }
+func (c canonicalCarrier) Keys() []string        { return propagation.HeaderCarrier(c).Keys() }
 
 // upstreamCall is the client span of one upstream call of a flight; nil when not traced.
 type upstreamCall struct {

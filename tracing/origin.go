@@ -64,13 +64,13 @@ func (o Origin) String() string {
 // ParseOrigin reads what String wrote; false for anything else.
 func ParseOrigin(s string) (Origin, bool) {
 	tp, at, _ := strings.Cut(s, " ")
-	parts := strings.Split(tp, "-")
-	if len(parts) != 4 || parts[0] != "00" || len(parts[3]) != 2 {
+	// 00-<32 hex>-<16 hex>-<2 hex>
+	if len(tp) != 55 || tp[:3] != "00-" || tp[35] != '-' || tp[52] != '-' {
 		return Origin{}, false
 	}
-	tid, err1 := trace.TraceIDFromHex(parts[1])
-	sid, err2 := trace.SpanIDFromHex(parts[2])
-	flags, err3 := strconv.ParseUint(parts[3], 16, 8)
+	tid, err1 := trace.TraceIDFromHex(tp[3:35])
+	sid, err2 := trace.SpanIDFromHex(tp[36:52])
+	flags, err3 := strconv.ParseUint(tp[53:], 16, 8)
 	if err1 != nil || err2 != nil || err3 != nil {
 		return Origin{}, false
 	}

@@ -96,8 +96,10 @@ func New(ctx context.Context, version string) (*Tracing, error) {
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	return &Tracing{
-		Tracer:     tp.Tracer(Name, trace.WithInstrumentationVersion(version)),
-		Propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
+		Tracer: tp.Tracer(Name, trace.WithInstrumentationVersion(version)),
+		// W3C trace context only: a client's baggage header goes upstream with its other
+		// headers already.
+		Propagator: propagation.TraceContext{},
 		provider:   tp,
 	}, nil
 }
