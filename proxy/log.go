@@ -64,11 +64,11 @@ func (p *Proxy) finish(route string, r *http.Request, ww *statusWriter, info *re
 	if route != "passthrough" {
 		p.cfg.Recorder.Request(r.Context(), route, info.role, status, d)
 	}
-	if span != nil {
-		endSpan(span, r, route, info, status)
-	}
 	if p.cfg.Logger.Enabled(r.Context(), slog.LevelInfo) { // else its attributes need not be made
 		p.logRequest(r, route, info, status, d)
+	}
+	if span != nil {
+		endSpan(span, r, route, info, status)
 	}
 	if !panicking && (info.abort || (ww.status == 0 && r.Context().Err() != nil)) {
 		// Nothing written to a client taken for gone: net/http would send an empty 200;
@@ -88,6 +88,9 @@ func (p *Proxy) logRequest(r *http.Request, route string, info *requestInfo, sta
 	}
 	if info.broken {
 		attrs = append(attrs, slog.Bool("interrupted", true))
+	}
+	if sc := trace.SpanContextFromContext(r.Context()); sc.IsValid() {
+		attrs = append(attrs, slog.String("trace_id", sc.TraceID().String())) // ADR 0061
 	}
 	p.cfg.Logger.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }

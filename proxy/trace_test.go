@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -226,5 +227,25 @@ func TestBypassedCallsHaveAClientSpan(t *testing.T) {
 	want := "00-" + client.SpanContext().TraceID().String() + "-" + client.SpanContext().SpanID().String() + "-01"
 	if got := up.Log()[0].Traceparent; got != want {
 		t.Fatalf("upstream got %q; want %q", got, want)
+	}
+}
+
+// TestRequestLogNamesItsTrace: a traced request's log line carries its trace ID, kept from
+// the client's traceparent.
+func TestRequestLogNamesItsTrace(t *testing.T) {
+	up := startUpstream(t)
+	var buf syncBuffer
+	rec := newSpanLog()
+	s := traced(setup{}, rec)
+	tracedCfg := s.proxy
+	s.proxy = func(c *proxy.Config) { tracedCfg(c); c.Logger = slog.New(slog.NewJSONHandler(&buf, nil)) }
+	in := newInstance(t, up, s)
+	const incoming = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	if a := post(t, in.URL, "/v1/chat/completions", chatBody, "Traceparent", incoming); a.status != 200 {
+		t.Fatalf("status %d", a.status)
+	}
+	rec.waitEnded(t, "POST", 1) // the line is written before the span ends
+	if !strings.Contains(buf.String(), `"trace_id":"0af7651916cd43dd8448eb211c80319c"`) {
+		t.Fatalf("log %s; want the request's trace_id", buf.String())
 	}
 }
