@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -14,10 +15,13 @@ import (
 // every request (always_on, exported over OTLP/HTTP to a sink on loopback) beside one that
 // does not, in the same run. See ADR 0061.
 type traceCells struct {
-	Hit         []latencyCell `json:"hit"`
-	Owner       []latencyCell `json:"owner"`
-	ExportBytes int64         `json:"export_bytes"`
-	Exports     int64         `json:"exports"`
+	Hit   []latencyCell `json:"hit"`
+	Owner []latencyCell `json:"owner"`
+	// CPUPerHit is each instance's CPU time per hit, µs (a run each, alternating): what
+	// bounds its throughput where it does not share its CPUs with the load generator.
+	CPUPerHit   map[string][]float64 `json:"cpu_per_hit_us"`
+	ExportBytes int64                `json:"export_bytes"`
+	Exports     int64                `json:"exports"`
 }
 
 // otlpSink takes OTLP/HTTP trace exports and drops them, counting what came.
@@ -50,7 +54,7 @@ func (e *env) tracingCost(ctx context.Context, c cfg) (*traceCells, error) {
 		return nil, err
 	}
 	defer sink.srv.Close()
-	_, traced, err := startProxy(ctx, &e.ps, e.dir, e.proxyBin, "proxy-traced", e.fakeURL, e.redisAddr(),
+	tracedProc, traced, err := startProxy(ctx, &e.ps, e.dir, e.proxyBin, "proxy-traced", e.fakeURL, e.redisAddr(),
 		"OTEL_EXPORTER_OTLP_ENDPOINT="+sink.url, "OTEL_TRACES_SAMPLER=always_on", "OTEL_SERVICE_NAME=bench")
 	if err != nil {
 		return nil, err
@@ -76,6 +80,25 @@ func (e *env) tracingCost(ctx context.Context, c cfg) (*traceCells, error) {
 		out.Hit = append(out.Hit, e.measureLatency(ctx, c, targets, conc, func(t target, run int) func(int64) []byte {
 			return func(i int64) []byte { return bodies[i%hitKeys] }
 		})...)
+	}
+	out.CPUPerHit = map[string][]float64{}
+	pids := []int{e.proxies[0].cmd.Process.Pid, tracedProc.cmd.Process.Pid}
+	for run := range c.runs {
+		for j := range targets {
+			i := (j + run) % len(targets)
+			before, err := cpuTime(pids[i])
+			if err != nil {
+				return nil, err
+			}
+			r := e.c.closedLoop(ctx, targets[i].url, slices.Max(c.hitConc), 0, c.dur, func(n int64) []byte { return bodies[n%hitKeys] })
+			after, err := cpuTime(pids[i])
+			if err != nil || r.Completed == 0 {
+				return nil, fmt.Errorf("cpu per hit of %s: %v, %d completed", targets[i].name, err, r.Completed)
+			}
+			us := float64((after - before).Microseconds()) / float64(r.Completed)
+			out.CPUPerHit[targets[i].name] = append(out.CPUPerHit[targets[i].name], us)
+			logf("  %-36s cpu per hit %.1f µs (%d hits)", targets[i].name, us, r.Completed)
+		}
 	}
 	if err := e.setFake(ctx, behavior{Delay: 50 * time.Millisecond}); err != nil {
 		return nil, err

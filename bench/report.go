@@ -262,6 +262,10 @@ func traceSection(b *strings.Builder, r *results) {
 	fmt.Fprintf(b, "## Tracing\n\nOne more instance traces every request (`OTEL_TRACES_SAMPLER=always_on`, OTLP/HTTP to a sink on loopback that drops what it gets), beside proxy-1, which does not: the same stored answers, then unique prompts (upstream 50 ms, one client). %d exports, %.1f MiB.\n\n", t.Exports, float64(t.ExportBytes)/(1<<20))
 	latencyTable(b, t.Hit, "tracing off")
 	latencyTable(b, t.Owner, "tracing off")
+	if offs, ons := t.CPUPerHit["tracing off (hit)"], t.CPUPerHit["tracing on, all sampled (hit)"]; len(offs) > 0 && len(ons) > 0 {
+		fmt.Fprintf(b, "The instance's CPU time per hit (%d clients, a run each, alternating): %s µs with tracing off, %s µs on; off ÷ on %.2f, the throughput ratio where the instance has its CPUs to itself.\n\n",
+			t.Hit[len(t.Hit)-1].Conc, f2(median(offs)), f2(median(ons)), median(offs)/median(ons))
+	}
 	for _, off := range t.Hit {
 		on, ok := cell(t.Hit, "tracing on", off.Conc)
 		if strings.HasPrefix(off.Target, "tracing off") && ok && off.RPS > 0 {
