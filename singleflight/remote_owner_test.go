@@ -425,6 +425,46 @@ func TestFinalWriteThatNeverLandsEndsWithItsLease(t *testing.T) {
 	}
 }
 
+// A stream whose last event comes while Redis hangs, for longer than the lease, for every
+// instance: the owner's client gets its answer at once, its final write goes on past the
+// lease until Redis answers, and a follower elsewhere that had bytes of it waits for Redis
+// rather than end its stream: it gets the whole answer, from the one call (ADR 0060).
+func TestStreamEndingWhileRedisHangsPastTheLeaseReachesFollowersWithBytes(t *testing.T) {
+	srv := redistest.Start(t)
+	a, linkA, confirmedA := behindLink(t, srv, outageOpts)
+	f, linkF, confirmedF := behindLink(t, srv, outageOpts)
+	key := uniqueKey()
+	s := newStreamer(3)
+	ra, err := a.Do(key, false, s.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-s.first
+	rf, err := f.Do(key, false, s.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sf := readStream(context.Background(), rf)
+	<-sf.first
+
+	for _, l := range []*faultproxy.Proxy{linkA, linkF} {
+		l.Set(faultproxy.Fault{Mode: faultproxy.Hang})
+	}
+	findsHanging(t, a, key, confirmedA)
+	findsHanging(t, f, key, confirmedF)
+	close(s.hold)
+	if out := readWithin(ra, outageOpts.RedisTimeout+time.Second); out.err != nil || out.body != s.transcript() {
+		t.Fatalf("owner got (%q, %v); want the whole stream at once, Redis or not", out.body, out.err)
+	}
+	time.Sleep(2 * outageOpts.LeaseTTL) // the fault itself: Redis out of reach past the lease
+	stillStreaming(t, "follower", sf)
+	for _, l := range []*faultproxy.Proxy{linkA, linkF} {
+		l.Set(faultproxy.Fault{})
+	}
+	wantWhole(t, "follower", sf, s.transcript())
+	wantStored(t, srv, key, s.transcript(), s.calls.Load())
+}
+
 // ownedUnary starts a unary flight of a new key on g, answering "call 1" once released,
 // and waits until its owner function runs.
 func ownedUnary(t *testing.T, g *Group) (rp *reply, key string, owner *Reader) {
