@@ -61,9 +61,11 @@ type faultScenario struct {
 }
 
 // TestRedisFaults: the proxies reach Redis through fault proxies (internal/faultproxy)
-// while a steady mixed load runs. Whatever Redis does, every client gets a whole answer,
+// while a steady mixed load runs. Whatever Redis does, every client gets a whole answer;
 // no client waits more than its upstream time + 1.5 × redis.read_timeout (+ faultMargin),
-// the upstream calls stay within what the README and ADR 0022 promise, and each instance
+// but a streamed follower whose instance lost Redis after it had bytes, which waits for
+// Redis and ends within a recovery (+ faultMargin) of the fault's end (ADR 0060); the
+// upstream calls stay within what the README and ADR 0022 promise, and each instance
 // that loses Redis degrades once and is back within a second of Redis answering. Figures:
 // `go test -race -count=1 -v -run TestRedisFaults ./e2e/ | grep REDIS-FAULT`
 // (docs/redis-faults.md).
@@ -127,27 +129,26 @@ func testRedisFault(t *testing.T, sc faultScenario) {
 	}
 	degrades := checkDegrades(t, fc, sc, marks)
 
-	// A streamed follower that had bytes of its answer when its instance lost Redis for
-	// longer than a lease can get no more of them: the rest is on the owner's instance, and
-	// its final write is tried only within its lease (ADRs 0023, 0024). Such a client gets
-	// what it had, ended by a stream_interrupted event, as the README says of a lost owner;
-	// any other client must get its whole answer. See docs/redis-faults.md.
-	cutOff := func(r *loadReq) bool {
-		return sc.hold > leaseTTL && r.header().Get("X-Dedupe-Role") == "follower" &&
-			r.firstByte.Before(faultStart) && r.end.After(faultStart)
+	// A streamed follower, sent before the fault, that had bytes of its answer when its
+	// instance lost Redis cannot be served by a call of its own: it waits for Redis, then
+	// reads its owner's stream on (ADR 0060). Its bound is the fault's end.
+	waited := func(r *loadReq) bool {
+		return r.stream && slices.Contains(sc.degrades, slices.Index(fc.ins, r.in)) && r.header().Get("X-Dedupe-Role") == "follower" &&
+			r.start.Before(faultStart) && !r.firstByte.IsZero() && r.firstByte.Before(faultEnd) && r.end.After(faultStart)
 	}
-	calls, interrupted := checkFaultAnswers(t, fc, l, cutOff)
+	calls, interrupted := checkFaultAnswers(t, fc, l)
 	perPrompt, quiet := checkFaultCalls(t, sc, l, calls, faultStart, recovered)
-	su, ss, overNominal := checkStalls(t, l)
+	su, ss, overNominal := checkStalls(t, l, waited)
+	nw, afterFault, waitedStall := checkWaited(t, l, waited, faultEnd)
 
 	s := fc.fake.stats()
 	var resets []string
 	for _, fp := range fc.faults {
 		resets = append(resets, fmt.Sprint(fp.Stats().Resets))
 	}
-	t.Logf("REDIS-FAULT %s fault=%s on=%v held=%dms requests=%d interrupted=%d over_nominal=%d unary_stall_max=%dms unary_stall_p99=%dms stream_stall_max=%dms stream_stall_p99=%dms worst_unary=%q worst_stream=%q upstream_calls=%d prompts=%d calls_per_prompt=%v quiet_prompts=%d degrades=%s recovered_after=%s resets=%s",
+	t.Logf("REDIS-FAULT %s fault=%s on=%v held=%dms requests=%d interrupted=%d over_nominal=%d unary_stall_max=%dms unary_stall_p99=%dms stream_stall_max=%dms stream_stall_p99=%dms worst_unary=%q worst_stream=%q waited_for_redis=%d waited_stall_max=%dms waited_past_fault_max=%dms upstream_calls=%d prompts=%d calls_per_prompt=%v quiet_prompts=%d degrades=%s recovered_after=%s resets=%s",
 		sc.name, sc.fault.Mode, onNames(fc, sc.on), ms(faultEnd.Sub(faultStart)), len(l.reqs), interrupted, overNominal,
-		ms(su.max), ms(su.p99), ms(ss.max), ms(ss.p99), worst(su), worst(ss),
+		ms(su.max), ms(su.p99), ms(ss.max), ms(ss.p99), worst(su), worst(ss), nw, ms(waitedStall), ms(afterFault),
 		s.Calls, faultLoad.unaryPrompts+faultLoad.streamPrompts, perPrompt, quiet,
 		strings.Join(degrades, ","), strings.Join(recoveries, ","), strings.Join(resets, ","))
 }
@@ -216,13 +217,17 @@ func checkDegrades(t *testing.T, fc *faultCluster, sc faultScenario, marks []int
 }
 
 // checkStalls checks no client waited more than its upstream time + 1.5 ×
-// redis.read_timeout + faultMargin; it returns the figures per kind and how many clients
-// waited more than the bound without the margin.
-func checkStalls(t *testing.T, l *mixedLoad) (unary, streamed stallFigures, overNominal int) {
+// redis.read_timeout + faultMargin, but those that waited for Redis (see checkWaited); it
+// returns the figures per kind and how many clients waited more than the bound without
+// the margin.
+func checkStalls(t *testing.T, l *mixedLoad, waited func(*loadReq) bool) (unary, streamed stallFigures, overNominal int) {
 	t.Helper()
 	nominal := faultReadTimeout * 3 / 2
 	var us, ss []*loadReq
 	for _, r := range l.reqs {
+		if waited(r) {
+			continue
+		}
 		up := faultDelay
 		if r.stream {
 			up = streamEvents * faultDelay
@@ -238,6 +243,27 @@ func checkStalls(t *testing.T, l *mixedLoad) (unary, streamed stallFigures, over
 		}
 	}
 	return stalls(us, faultDelay), stalls(ss, streamEvents*faultDelay), overNominal
+}
+
+// checkWaited checks that each client that waited for Redis (waited) ended within its
+// instance's recovery and faultMargin after faultEnd, or within its own stall bound; it
+// returns how many there were, the longest any ended after faultEnd, and their longest
+// stall.
+func checkWaited(t *testing.T, l *mixedLoad, waited func(*loadReq) bool, faultEnd time.Time) (n int, afterFault, stall time.Duration) {
+	t.Helper()
+	for _, r := range l.reqs {
+		if !waited(r) {
+			continue
+		}
+		n++
+		up := streamEvents * faultDelay
+		afterFault, stall = max(afterFault, r.end.Sub(faultEnd)), max(stall, r.took()-up)
+		own := r.start.Add(up + faultReadTimeout*3/2 + faultMargin)
+		if limit := later(own, faultEnd.Add(faultRecovery+faultMargin)); r.end.After(limit) {
+			t.Errorf("%s waited for Redis until %v after the fault's end; want at most %v", r, r.end.Sub(faultEnd).Round(time.Millisecond), faultRecovery+faultMargin)
+		}
+	}
+	return n, afterFault, stall
 }
 
 // checkDegradedNow checks, while the fault lasts, that /readyz and backend_degraded say
@@ -260,10 +286,9 @@ func checkDegradedNow(t *testing.T, fc *faultCluster, degrades []int) {
 	}
 }
 
-// checkFaultAnswers checks every answer is whole, or, for a stream that cutOff allows, a
-// prefix ended by stream_interrupted, and is its own prompt's. It returns the prompt of
-// each upstream call and the number of streams interrupted.
-func checkFaultAnswers(t *testing.T, fc *faultCluster, l *mixedLoad, cutOff func(*loadReq) bool) (map[int64]string, int) {
+// checkFaultAnswers checks every answer is whole and its own prompt's. It returns the
+// prompt of each upstream call and the number of streams interrupted.
+func checkFaultAnswers(t *testing.T, fc *faultCluster, l *mixedLoad) (map[int64]string, int) {
 	t.Helper()
 	calls := map[int64]string{}
 	for _, c := range fc.fake.calls() {
@@ -284,9 +309,7 @@ func checkFaultAnswers(t *testing.T, fc *faultCluster, l *mixedLoad, cutOff func
 			var cut bool
 			if n, cut = checkStream(t, r.String(), r.streamed, l.model, faultChunks); cut {
 				interrupted++
-				if !cutOff(r) {
-					t.Errorf("%s: stream interrupted after %q; want it whole", r, tail(r.streamed.transcript))
-				}
+				t.Errorf("%s: stream interrupted after %q; want it whole", r, tail(r.streamed.transcript))
 			}
 		} else {
 			n = wantChat(t, r.String(), r.unary, l.model, 0)

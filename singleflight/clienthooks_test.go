@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/faultproxy"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -83,4 +84,45 @@ func productClient(t *testing.T, srv *redistest.Server) *redis.Client {
 		WriteTimeout: time.Second, MaxRetries: 2, DialerRetries: 1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// outageOpts are the settings of the tests of a Redis out of reach for longer than a lease.
+var outageOpts = Options{LeaseTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond, RedisTimeout: 300 * time.Millisecond,
+	ResultTTL: time.Minute, BatchDelay: time.Millisecond}
+
+// behindLink is a Group that reaches srv through a fault proxy, with a client set up as
+// the proxy's own, and reports each timeout's confirmation PING on confirmed.
+func behindLink(t *testing.T, srv *redistest.Server, o Options) (g *Group, link *faultproxy.Proxy, confirmed <-chan bool) {
+	t.Helper()
+	link, err := faultproxy.Listen(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { link.Close() })
+	o.Redis = redis.NewClient(&redis.Options{Addr: link.Addr(), DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second,
+		WriteTimeout: time.Second, MaxRetries: 2, DialerRetries: 1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { o.Redis.Close() })
+	g = backend{}.group(t, o)
+	<-g.Listening()
+	ch := make(chan bool, 4)
+	g.hooks.confirmed = func(answers bool) { ch <- answers }
+	return g, link, ch
+}
+
+// findsHanging has g confirm a timeout on key's shard, as a caller's operation would, and
+// waits until the PING that did not answer degraded it.
+func findsHanging(t *testing.T, g *Group, key string, confirmed <-chan bool) {
+	t.Helper()
+	g.rem().confirm(g.rem().keys(key).meta, context.DeadlineExceeded)
+	select {
+	case answers := <-confirmed:
+		if answers {
+			t.Fatal("the confirmation PING was answered; want Redis hanging")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no confirmation PING ended within 5s")
+	}
+	if !g.rem().hangingFor(key) {
+		t.Fatal("the shard is not marked hanging")
+	}
 }

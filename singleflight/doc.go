@@ -61,6 +61,9 @@
 //     the token and the state the claimer saw (ADRs 0002, 0003).
 //   - Restore: an owner puts back a meta Redis lost only while its lease runs by Redis's
 //     clock (ADR 0010); past it, it keeps its call for its local callers (ADR 0011).
+//   - Outlast an outage: a follower whose callers have bytes waits for Redis rather than
+//     go local, and an owner's final write goes on past its lease while its shard is
+//     degraded; the token decides whether it lands (ADR 0060).
 //   - Owner suicide: a refused renewal or append cancels the call with ErrLeaseLost; a
 //     refused complete still serves the local readers (ADR 0027).
 //   - Safe twice: a repeated lookup or claim answers owner, appends carry a batch number,
@@ -95,7 +98,8 @@
 //
 // A Redis error that says the server cannot be used degrades the shard that holds the
 // key (a Cluster master, or all of Redis): its new flights run local-only until a probe
-// finds it usable (ADR 0022); its followers wait within their owner's lease (ADR 0023).
+// finds it usable (ADR 0022); its followers wait within their owner's lease (ADR 0023),
+// or, when their callers have bytes, for Redis (ADR 0060).
 // Observer reports EventShardDown and EventShardUp per shard, EventDegraded and
 // EventRecovered for the first down and the last back.
 //

@@ -30,13 +30,14 @@ type followEnd struct {
 type followState uint8
 
 const (
-	followWait  followState = iota // wait for what comes, or park
-	followRead                     // take what was pushed, reading the stream first if asked
-	followAlive                    // the owner's instance fell silent, or named tokens it stopped renewing
-	followTimer                    // the deadline (or the poll interval) passed
-	followLook                     // look the flight up: nothing came for a lease, or a read failed
-	followEnded                    // the follow is over: see follower.ending
-	followHeld                     // parked: a wake-up goes on from here
+	followWait   followState = iota // wait for what comes, or park
+	followRead                      // take what was pushed, reading the stream first if asked
+	followAlive                     // the owner's instance fell silent, or named tokens it stopped renewing
+	followTimer                     // the deadline (or the poll interval) passed
+	followLook                      // look the flight up: nothing came for a lease, or a read failed
+	followOutage                    // Redis cannot be asked, and only this attempt can serve its callers
+	followEnded                     // the follow is over: see follower.ending
+	followHeld                      // parked: a wake-up goes on from here
 )
 
 // follower follows the owner's stream into its flight until the attempt ends: it reads
@@ -60,7 +61,12 @@ type follower struct {
 	// renewed: a look found this attempt's lease moved on, or its owner wrote; only then do
 	// its instance's alive messages speak for it (ADR 0059).
 	renewed bool
-	ending  followEnd // with followEnded: how the follow ended
+	// outage: Redis could not be asked since the last look it answered, while the callers
+	// had bytes; lateUntil: until when the first look after it waits for a late final
+	// write of an attempt whose lease ran out (ADR 0060).
+	outage    bool
+	lateUntil time.Time
+	ending    followEnd // with followEnded: how the follow ended
 }
 
 func (r *remote) newFollower(l *leader, remaining time.Duration, readNow bool) (*follower, bool) {
@@ -97,6 +103,8 @@ func (fw *follower) loop(ev wakeEvent) followEnd {
 			st = fw.timedOut()
 		case followLook:
 			st = fw.lookUp()
+		case followOutage:
+			st = fw.waitOutage()
 		case followHeld:
 			return followEnd{kind: followParked}
 		case followEnded:
@@ -133,6 +141,9 @@ func (fw *follower) end(e followEnd) followState {
 // wait watches the current owner's alive channel, then takes what is there or parks.
 func (fw *follower) wait() followState {
 	r := fw.l.r
+	if r.unusable(fw.l.f.key) && !fw.l.f.canUseNewGen() {
+		return followOutage
+	}
 	if r.hangingFor(fw.l.f.key) {
 		return followLook // a hang says nothing of when Redis answers again (ADR 0023)
 	}
@@ -210,6 +221,10 @@ func (fw *follower) take() followState {
 	resync, pushed := fw.w.take()
 	var stored []entry
 	if resync || fw.read {
+		if r.unusable(f.key) && !f.canUseNewGen() {
+			fw.read = true // once Redis answers: what was pushed meanwhile is read then
+			return followWait
+		}
 		fw.read = false
 		var err error
 		stored, err = r.readAfter(l.ctx, fw.stream, pos.last)
@@ -246,4 +261,28 @@ func (fw *follower) take() followState {
 		fw.deadline, fw.looks = fw.leaseEnd, 0
 	}
 	return followWait
+}
+
+// outlastUntil is how long a follower whose callers have bytes waits for Redis: while its
+// owner's call may run (Options.Timeout), then a lease and a linger, within which the
+// owner's late final write may land (ADR 0060).
+func (fw *follower) outlastUntil() time.Time {
+	o := fw.l.r.g.opts
+	return fw.start.Add(o.Timeout + o.LeaseTTL + o.Linger)
+}
+
+// waitOutage waits for the flight's shard to be usable again: its callers have bytes of
+// this attempt, and a call of their own cannot serve them. Then the stream is read on from
+// where it was (ADR 0060).
+func (fw *follower) waitOutage() followState {
+	if !time.Now().Before(fw.outlastUntil()) {
+		return fw.end(followEnd{kind: followRedisErr})
+	}
+	fw.outage, fw.read, fw.polling = true, true, false
+	ev := fw.ready(pollEvery)
+	if ev == evNone {
+		fw.park(pollEvery)
+		return followHeld
+	}
+	return fw.on(ev)
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/faultproxy"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
@@ -154,4 +155,107 @@ func TestFollowerTakesOverWhenOwnerFallsSilent(t *testing.T) {
 		t.Fatalf("follower of a silent owner got (%q, %v) after %v; want a takeover once a lease passed without alive messages (~%v)",
 			got.body, got.err, time.Since(start).Round(time.Millisecond), o.LeaseTTL)
 	}
+}
+
+// stillStreaming fails t if the stream read by s has ended.
+func stillStreaming(t *testing.T, who string, s *streamReader) {
+	t.Helper()
+	select {
+	case out := <-s.done:
+		t.Fatalf("%s ended while Redis was out of reach: (%q, %v); want it to wait for Redis", who, out.body, out.err)
+	default:
+	}
+}
+
+// wantWhole waits for the stream read by s and checks it is want, without an error.
+func wantWhole(t *testing.T, who string, s *streamReader, want string) {
+	t.Helper()
+	select {
+	case out := <-s.done:
+		if out.err != nil || out.body != want {
+			t.Fatalf("%s got (%q, %v); want the whole stream %q", who, out.body, out.err, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: no end within 10s of Redis answering again", who)
+	}
+}
+
+// A follower whose callers have bytes of a stream cannot use a call of its own when its
+// instance loses Redis: it waits for Redis to answer again, however long past the lease,
+// then reads the stream on from where it was. Here its instance alone is cut off (a
+// partition): the owner ends and writes its answer meanwhile (ADR 0060).
+func TestFollowerWithBytesOutlastsItsInstancesPartition(t *testing.T) {
+	srv := redistest.Start(t)
+	a := backend{redis: srv}.group(t, outageOpts)
+	f, link, confirmed := behindLink(t, srv, outageOpts)
+	key := uniqueKey()
+	s := newStreamer(3)
+	ra, err := a.Do(key, false, s.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-s.first
+	rf, err := f.Do(key, false, s.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sf := readStream(context.Background(), rf)
+	<-sf.first
+
+	link.Set(faultproxy.Fault{Mode: faultproxy.Hang})
+	findsHanging(t, f, key, confirmed)
+	close(s.hold)
+	if out := readWithin(ra, 5*time.Second); out.err != nil || out.body != s.transcript() {
+		t.Fatalf("owner got (%q, %v); want the whole stream", out.body, out.err)
+	}
+	time.Sleep(2 * outageOpts.LeaseTTL) // the fault itself: cut off past the owner's lease
+	stillStreaming(t, "follower", sf)
+	link.Set(faultproxy.Fault{})
+	wantWhole(t, "follower", sf, s.transcript())
+	if n := s.calls.Load(); n != 1 {
+		t.Fatalf("%d upstream calls; want 1", n)
+	}
+}
+
+// A follower that waited an outage out for its callers with bytes does not wait for its
+// whole bound when its owner did not outlast the outage: a lease after Redis answers
+// again, with no renewal nor final write from the owner, its stream ends (ADR 0060).
+func TestFollowerWithBytesEndsALeaseAfterAnOutageItsOwnerDidNotOutlast(t *testing.T) {
+	srv := redistest.Start(t)
+	a := backend{redis: srv}.group(t, outageOpts)
+	silence := silentOwner(a)
+	f, link, confirmed := behindLink(t, srv, outageOpts)
+	key := uniqueKey()
+	s := newStreamer(3)
+	defer close(s.hold)
+	ra, err := a.Do(key, false, s.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ra.Close()
+	<-s.first
+	rf, err := f.Do(key, false, s.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sf := readStream(context.Background(), rf)
+	<-sf.first
+
+	silence() // the owner stops renewing, and writes nothing more
+	link.Set(faultproxy.Fault{Mode: faultproxy.Hang})
+	findsHanging(t, f, key, confirmed)
+	time.Sleep(2 * outageOpts.LeaseTTL) // the fault itself: cut off past the owner's lease
+	stillStreaming(t, "follower", sf)
+	link.Set(faultproxy.Fault{})
+	healed := time.Now()
+	limit := 3*outageOpts.LeaseTTL + time.Second
+	select {
+	case out := <-sf.done:
+		if out.err == nil {
+			t.Fatalf("follower got (%q) whole; want its stream cut short, its owner gone", out.body)
+		}
+	case <-time.After(limit):
+		t.Fatalf("follower still waiting %v after Redis answered; want its stream ended about a lease after", limit)
+	}
+	t.Logf("ended %v after Redis answered", time.Since(healed).Round(time.Millisecond))
 }

@@ -279,13 +279,15 @@ func TestClaimTrimsGenerationsPastLinger(t *testing.T) {
 }
 
 // A follower on another instance that had already received bytes of a streamed answer
-// when Redis stopped answering cannot use a call of its own: its caller can only end
-// with an error, and no local call is made for it (its answer would be read by nobody, and
-// stored on that instance alone).
+// when Redis stopped answering cannot use a call of its own: it waits for Redis as long as
+// its owner's call and final write may last (Timeout, a lease and a linger; ADR 0060),
+// then its caller can only end with an error, and no local call is made for it (its answer
+// would be read by nobody, and stored on that instance alone).
 func TestNoDegradedCallForCallersWithBytes(t *testing.T) {
 	srv := redistest.Start(t)
 	b := backend{redis: srv}
-	o := Options{BatchDelay: time.Millisecond, ResultTTL: time.Minute}
+	o := Options{BatchDelay: time.Millisecond, ResultTTL: time.Minute, Timeout: time.Second, LeaseTTL: 600 * time.Millisecond,
+		HeartbeatInterval: 200 * time.Millisecond, Linger: 400 * time.Millisecond}
 	a, other := b.group(t, o), b.group(t, o)
 	key := uniqueKey()
 	s := newStreamer(3)
@@ -297,10 +299,14 @@ func TestNoDegradedCallForCallersWithBytes(t *testing.T) {
 	defer ra.Close()
 	<-s.first
 	rb := firstChunk(t, other, key, fn)
+	stopped := time.Now()
 	srv.Stop()
 	out := readWithin(rb, 10*time.Second)
-	if out.err == nil {
-		t.Fatalf("follower got %q and no error; want its stream cut short", out.body)
+	if out.err == nil || errors.Is(out.err, context.DeadlineExceeded) {
+		t.Fatalf("follower got (%q, %v); want its stream cut short once its wait for Redis ended", out.body, out.err)
+	}
+	if took, bound := time.Since(stopped), o.Timeout+o.LeaseTTL+o.Linger; took < bound-o.LeaseTTL {
+		t.Fatalf("follower's stream ended %v after Redis stopped; want it to wait for Redis about %v", took, bound)
 	}
 	waitCond(t, 10*time.Second, "the follower's flight ends", func() bool { return other.flightRole(key) == RoleUnknown })
 	close(s.hold)

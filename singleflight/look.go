@@ -95,6 +95,10 @@ func (fw *follower) recheck() lookResult {
 		return fw.blind()
 	}
 	f.sawRedis(d.clock)
+	if fw.outage {
+		// The first answer after an outage: an owner that lost Redis too writes late.
+		fw.outage, fw.lateUntil = false, time.Now().Add(r.g.opts.LeaseTTL)
+	}
 	switch {
 	case d.verdict == verdictFollow && d.token == pos.token:
 		fw.deadline, fw.looks = time.Now().Add(d.remaining), 0
@@ -109,6 +113,10 @@ func (fw *follower) recheck() lookResult {
 		fw.end(followEnd{kind: followDone})
 		return lookEnd
 	case d.verdict == verdictClaim && d.seen == seenExpired && d.token == pos.token:
+		if fw.waitsLate() {
+			fw.deadline = fw.lateUntil
+			return lookGoOn
+		}
 		fw.end(followEnd{kind: followExpired})
 		return lookEnd
 	case fw.looks < 2:
@@ -134,10 +142,23 @@ func (fw *follower) recheck() lookResult {
 	return lookEnd
 }
 
+// waitsLate reports whether an attempt whose lease ran out is waited for a while after an
+// outage: its owner, which may have lost Redis too, makes its final write once Redis answers
+// it, unless it said the token gone; the token decides whether it lands (ADR 0060).
+func (fw *follower) waitsLate() bool {
+	saidGone := fw.trustFor == fw.l.pos.token && fw.trustUntil.IsZero()
+	return !saidGone && time.Now().Before(fw.lateUntil) && !fw.l.f.canUseNewGen()
+}
+
 // blind is a look Redis did not answer: look again while the lease runs, unless Redis
-// hangs (ADR 0023).
+// hangs (ADR 0023); with callers that have bytes, until Redis answers (ADR 0060).
 func (fw *follower) blind() lookResult {
-	if now := time.Now(); now.Before(fw.leaseEnd) && !fw.l.r.hangingFor(fw.l.f.key) {
+	now := time.Now()
+	if !fw.l.f.canUseNewGen() && now.Before(fw.outlastUntil()) {
+		fw.outage, fw.deadline = true, now.Add(pollEvery)
+		return lookBlind
+	}
+	if now.Before(fw.leaseEnd) && !fw.l.r.hangingFor(fw.l.f.key) {
 		fw.deadline = now.Add(pollEvery)
 		if fw.leaseEnd.Before(fw.deadline) {
 			fw.deadline = fw.leaseEnd

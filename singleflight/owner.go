@@ -18,7 +18,8 @@ type ownership interface {
 	// complete ends the flight with its answer, fail this attempt (res: its failed answer,
 	// if any). Each makes its write once, within one Redis deadline (none while the
 	// flight's shard is degraded); goesOn then says whether it is to be made again, which
-	// again does while Redis does not answer and the lease runs (ADRs 0024, 0056).
+	// again does while Redis does not answer and the lease runs, or, while the shard is
+	// degraded, a linger past it (ADRs 0024, 0056, 0060).
 	complete(ctx context.Context, fin final) error
 	fail(ctx context.Context, res Result, reason string) error
 	goesOn() bool

@@ -189,19 +189,29 @@ func (o *remoteOwnership) leaseLeft() time.Duration {
 	return time.Duration(from + int64(o.r.g.opts.LeaseTTL) - mono(time.Now()))
 }
 
-// goesOn reports whether the final write is to be made again: Redis did not answer, and
-// this attempt's lease runs, so that no other owner can have taken the flight (ADR 0024).
-func (o *remoteOwnership) goesOn() bool {
-	return o.raw != nil && unavailable(o.raw) && o.leaseLeft() > 0 && o.r.g.ctx.Err() == nil
+// goesOn reports whether the final write is to be made again (see retries).
+func (o *remoteOwnership) goesOn() bool { return o.retries(time.Now().Add(o.leaseLeft())) }
+
+// retries reports whether the final write is to be made again: Redis did not answer, and
+// either the lease, as it stood when the retries began, runs (ADR 0024), or the flight's
+// shard is degraded (or was, at the last try) and Redis may still hold the running meta:
+// Linger past that lease (runningTTL). Past the lease another owner may have claimed the flight: the token
+// decides, and restore.lua puts nothing back (ADR 0060).
+func (o *remoteOwnership) retries(leaseEnd time.Time) bool {
+	if o.raw == nil || !unavailable(o.raw) || o.leaseFrom.Load() == 0 || o.r.g.ctx.Err() != nil {
+		return false
+	}
+	now := time.Now()
+	down := errors.Is(o.raw, errShardDown) || o.r.degradedFor(o.key)
+	return now.Before(leaseEnd) || down && now.Before(leaseEnd.Add(o.r.g.opts.Linger))
 }
 
-// again makes the final write again every pollEvery while goesOn, until ctx ends, within
-// the lease as it stood when it began: the heartbeat, which renews it meanwhile so that no
-// other owner takes the flight, does not extend the retries (ADR 0056).
+// again makes the final write again every pollEvery while it retries, until ctx ends. The
+// heartbeat, which renews the lease meanwhile so that no other owner takes the flight,
+// does not extend the retries (ADRs 0056, 0060).
 func (o *remoteOwnership) again(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, max(o.leaseLeft(), 0))
-	defer cancel()
-	for o.goesOn() && sleep(ctx, min(pollEvery, o.leaseLeft())) {
+	leaseEnd := time.Now().Add(o.leaseLeft())
+	for o.retries(leaseEnd) && sleep(ctx, pollEvery) {
 		o.try()
 	}
 	return o.ferr

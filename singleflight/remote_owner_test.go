@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/faultproxy"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -421,5 +422,127 @@ func TestFinalWriteThatNeverLandsEndsWithItsLease(t *testing.T) {
 	}
 	if took := time.Since(start); took > 4*o.LeaseTTL {
 		t.Fatalf("follower elsewhere answered after %v; want within a few leases of the owner's end", took)
+	}
+}
+
+// A stream whose last event comes while Redis hangs, for longer than the lease, for every
+// instance: the owner's client gets its answer at once, its final write goes on past the
+// lease until Redis answers, and a follower elsewhere that had bytes of it waits for Redis
+// rather than end its stream: it gets the whole answer, from the one call (ADR 0060).
+func TestStreamEndingWhileRedisHangsPastTheLeaseReachesFollowersWithBytes(t *testing.T) {
+	srv := redistest.Start(t)
+	a, linkA, confirmedA := behindLink(t, srv, outageOpts)
+	f, linkF, confirmedF := behindLink(t, srv, outageOpts)
+	key := uniqueKey()
+	s := newStreamer(3)
+	ra, err := a.Do(key, false, s.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-s.first
+	rf, err := f.Do(key, false, s.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sf := readStream(context.Background(), rf)
+	<-sf.first
+
+	for _, l := range []*faultproxy.Proxy{linkA, linkF} {
+		l.Set(faultproxy.Fault{Mode: faultproxy.Hang})
+	}
+	findsHanging(t, a, key, confirmedA)
+	findsHanging(t, f, key, confirmedF)
+	close(s.hold)
+	if out := readWithin(ra, outageOpts.RedisTimeout+time.Second); out.err != nil || out.body != s.transcript() {
+		t.Fatalf("owner got (%q, %v); want the whole stream at once, Redis or not", out.body, out.err)
+	}
+	time.Sleep(2 * outageOpts.LeaseTTL) // the fault itself: Redis out of reach past the lease
+	stillStreaming(t, "follower", sf)
+	for _, l := range []*faultproxy.Proxy{linkA, linkF} {
+		l.Set(faultproxy.Fault{})
+	}
+	wantWhole(t, "follower", sf, s.transcript())
+	wantStored(t, srv, key, s.transcript(), s.calls.Load())
+}
+
+// ownedUnary starts a unary flight of a new key on g, answering "call 1" once released,
+// and waits until its owner function runs.
+func ownedUnary(t *testing.T, g *Group) (rp *reply, key string, owner *Reader) {
+	t.Helper()
+	rp, key = newReply("call 1"), uniqueKey()
+	running := make(chan struct{}, 1)
+	owner, err := g.Do(key, false, started(running, rp.fn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-running
+	return rp, key, owner
+}
+
+// A final write made past the lease is fenced by its token: an instance that took the
+// flight over meanwhile keeps it, its answer is the one stored, and the late write changes
+// nothing (ADRs 0002, 0060).
+func TestLateFinalWriteIsFencedByATakeover(t *testing.T) {
+	srv := redistest.Start(t)
+	rec := newRecorder()
+	oa := outageOpts
+	oa.Observer = rec
+	a, link, confirmed := behindLink(t, srv, oa)
+	c := backend{redis: srv}.group(t, outageOpts)
+	rp, key, ra := ownedUnary(t, a)
+
+	link.Set(faultproxy.Fault{Mode: faultproxy.Hang})
+	findsHanging(t, a, key, confirmed)
+	rp.release()
+	if out := readWithin(ra, outageOpts.RedisTimeout+time.Second); out.err != nil || out.body != "call 1" {
+		t.Fatalf("owner got (%q, %v); want call 1 at once", out.body, out.err)
+	}
+	// A's lease runs out in Redis: a caller on C takes the flight over.
+	second := newReply("call 2")
+	second.release()
+	rc, err := c.Do(key, false, second.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := readWithin(rc, 10*time.Second); out.err != nil || out.body != "call 2" {
+		t.Fatalf("caller on C got (%q, %v); want call 2, its own instance's takeover", out.body, out.err)
+	}
+	link.Set(faultproxy.Fault{})
+	rec.waitMatch(t, "A's late final write fenced", func(e Event) bool {
+		return e.Kind == EventFencedWrite && e.Op == "complete" && e.Err == nil
+	}, 10*time.Second)
+	if got := srv.Client().HGet(context.Background(), "ai:flight:result:{"+key+"}", "body").Val(); got != "call 2" {
+		t.Fatalf("stored answer %q; want call 2, the new owner's", got)
+	}
+}
+
+// A final write made past the lease does not put back a flight Redis lost: past its lease
+// another owner may have run and ended it, so restore.lua refuses, and the write is
+// dropped (ADRs 0010, 0060).
+func TestLateFinalWriteDoesNotRestoreALostFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	rec := newRecorder()
+	oa := outageOpts
+	oa.Observer = rec
+	a, link, confirmed := behindLink(t, srv, oa)
+	rp, key, ra := ownedUnary(t, a)
+
+	link.Set(faultproxy.Fault{Mode: faultproxy.Hang})
+	findsHanging(t, a, key, confirmed)
+	rp.release()
+	if out := readWithin(ra, outageOpts.RedisTimeout+time.Second); out.err != nil || out.body != "call 1" {
+		t.Fatalf("owner got (%q, %v); want call 1 at once", out.body, out.err)
+	}
+	k := a.rem().keys(key)
+	if err := srv.Client().Del(context.Background(), k.meta, k.stream).Err(); err != nil { // lost, as by a restart
+		t.Fatal(err)
+	}
+	time.Sleep(2 * outageOpts.LeaseTTL) // the fault itself: A cut off past its lease
+	link.Set(faultproxy.Fault{})
+	rec.waitMatch(t, "A's late final write finding the flight gone", func(e Event) bool {
+		return e.Kind == EventFencedWrite && e.Op == "complete" && errors.Is(e.Err, ErrFlightGone)
+	}, 10*time.Second)
+	if n := srv.Client().Exists(context.Background(), k.meta, k.stream, k.result).Val(); n != 0 {
+		t.Fatalf("%d of the flight's keys exist after the late write; want none: a lost flight is not put back past its lease", n)
 	}
 }
