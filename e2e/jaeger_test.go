@@ -42,7 +42,7 @@ func startJaeger(t *testing.T) *jaegerProc {
 		env := []string{"JAEGER_OTLP_HTTP=" + otlpHTTP, "JAEGER_OTLP_GRPC=" + otlpGRPC,
 			"JAEGER_QUERY_HTTP=" + query, "JAEGER_QUERY_GRPC=" + redistest.FreeAddr(t)}
 		p := startProc(t, "jaeger", bin, env, "--config", "file:"+config)
-		if p.waitReady(30 * time.Second) {
+		if jaegerReady(p, 30*time.Second) {
 			return &jaegerProc{proc: p, OTLPHTTP: "http://" + otlpHTTP, OTLPGRPC: "http://" + otlpGRPC, URL: "http://" + query}
 		}
 		if try == 2 {
@@ -52,9 +52,9 @@ func startJaeger(t *testing.T) *jaegerProc {
 	}
 }
 
-// waitReady waits until Jaeger logs that its pipeline runs; false if it exits first or
+// jaegerReady waits until Jaeger logs that its pipeline runs; false if it exits first or
 // does not say so within d.
-func (p *proc) waitReady(d time.Duration) bool {
+func jaegerReady(p *proc, d time.Duration) bool {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for from := 0; ; {
