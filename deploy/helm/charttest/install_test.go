@@ -71,6 +71,7 @@ func TestWrongValuesFailAtInstall(t *testing.T) {
 		{"OTLP endpoint without scheme", `tracing.otlpEndpoint="otel-collector:4318"`, "otlpEndpoint"},
 		{"sampler misspelt", `tracing.sampler="ratio"`, "sampler"},
 		{"sampler ratio above 1", `tracing.samplerArg=2`, "samplerArg"},
+		{"sampler ratio above 1, as text", `tracing.samplerArg="1.5"`, "samplerArg"},
 		{"resource attribute with a comma", `tracing.resourceAttributes={"team":"a,b"}`, "resourceAttributes"},
 		{"configuration through the environment", `extraEnv=[{"name":"LLM_DEDUPE_FLIGHT_LEASE_TTL","value":"1s"}]`, "extraEnv"},
 	} {
