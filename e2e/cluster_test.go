@@ -154,7 +154,7 @@ type cluster struct {
 type clusterOpts struct {
 	n       int               // proxies; 3 if zero
 	persist bool              // Redis with an append-only file
-	env     map[string]string // LLM_DEDUPE_* settings over the defaults
+	env     map[string]string // LLM_DEDUPE_* settings (and other variables) over the defaults
 	// envOf, if set, is more environment of the i-th proxy (from 0, also of one started
 	// later), over env: proxies that differ.
 	envOf func(i int) map[string]string
