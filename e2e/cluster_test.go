@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -145,13 +146,18 @@ type cluster struct {
 	fake  *fake
 	ins   []*instance
 	env   []string // the proxies' environment, for starting another one
+	// envOf is more environment of the i-th proxy (from 0), over env.
+	envOf func(i int) map[string]string
 }
 
 // clusterOpts changes a cluster from the defaults.
 type clusterOpts struct {
 	n       int               // proxies; 3 if zero
 	persist bool              // Redis with an append-only file
-	env     map[string]string // LLM_DEDUPE_* settings over the defaults
+	env     map[string]string // LLM_DEDUPE_* settings (and other variables) over the defaults
+	// envOf, if set, is more environment of the i-th proxy (from 0, also of one started
+	// later), over env: proxies that differ.
+	envOf func(i int) map[string]string
 	// redisAddrs, if set, are the Redis the proxies use (a Cluster's nodes) instead of a
 	// redis-server of the cluster's own.
 	redisAddrs []string
@@ -165,7 +171,7 @@ func startCluster(t *testing.T, o clusterOpts) *cluster {
 	if o.n == 0 {
 		o.n = 3
 	}
-	c := &cluster{t: t}
+	c := &cluster{t: t, envOf: o.envOf}
 	redisAddrs := strings.Join(o.redisAddrs, ",")
 	if redisAddrs == "" {
 		c.redis = redistest.Start(t, redistest.Options{Persist: o.persist, Args: o.redisArgs})
@@ -210,7 +216,14 @@ func startCluster(t *testing.T, o clusterOpts) *cluster {
 func (c *cluster) start() *instance {
 	c.t.Helper()
 	name := fmt.Sprintf("proxy-%c", 'A'+len(c.ins))
-	p := startProc(c.t, name, proxyBin, c.env, "serve")
+	env := c.env
+	if c.envOf != nil {
+		env = slices.Clone(env)
+		for k, v := range c.envOf(len(c.ins)) {
+			env = append(env, k+"="+v) // later wins in exec
+		}
+	}
+	p := startProc(c.t, name, proxyBin, env, "serve")
 	l, _ := p.waitLine(0, 15*time.Second, `"listening"`, msgIs("listening"))
 	in := &instance{proc: p, URL: "http://" + parseLog(l)["addr"].(string)}
 	in.waitReady(10 * time.Second)

@@ -88,7 +88,7 @@ func hostFile(s composeService, containerPath string) string {
 
 func TestComposeFile(t *testing.T) {
 	c := readCompose(t)
-	for _, name := range []string{"redis", "proxy-a", "proxy-b", "prometheus", "grafana"} {
+	for _, name := range []string{"redis", "proxy-a", "proxy-b", "jaeger", "prometheus", "grafana"} {
 		if _, ok := c.Services[name]; !ok {
 			t.Fatalf("docker-compose.yml: no service %q", name)
 		}
@@ -122,9 +122,19 @@ func TestComposeFile(t *testing.T) {
 			t.Errorf("%s: LLM_DEDUPE_REDIS_ADDRS %q; want the redis service, redis:6379", name, s.Environment["LLM_DEDUPE_REDIS_ADDRS"])
 		}
 		checkProxyEnv(t, name, s.Environment)
+		checkTraceExport(t, name, s.Environment)
 	}
 	if !hostPorts["8080"] || !hostPorts["8081"] {
 		t.Errorf("proxy host ports %v; want 8080 and 8081", hostPorts)
+	}
+
+	// Jaeger v2, its UI on the host.
+	js := c.Services["jaeger"]
+	if !strings.HasPrefix(js.Image, "jaegertracing/jaeger:2.") {
+		t.Errorf("jaeger image %q; want jaegertracing/jaeger:2.x (v2: OTLP in, all in one)", js.Image)
+	}
+	if !slices.Contains(js.Ports, "16686:16686") {
+		t.Errorf("jaeger ports %v; want the UI's, 16686:16686", js.Ports)
 	}
 
 	// Prometheus reads the mounted deploy/prometheus/prometheus.yml and scrapes both proxies.
@@ -208,6 +218,21 @@ func checkProxyEnv(t *testing.T, name string, env map[string]string) {
 		if !printed[key+"="+interpolate(v)] {
 			t.Errorf("%s: %s=%s did not set %s (print-config:\n%s)", name, k, interpolate(v), key, got)
 		}
+	}
+}
+
+// checkTraceExport checks that a proxy's environment sends its traces to the jaeger service,
+// on the port of the OTLP protocol it names (Jaeger's defaults: 4318 HTTP, 4317 gRPC), under
+// a service name of its own.
+func checkTraceExport(t *testing.T, name string, env map[string]string) {
+	t.Helper()
+	endpoint := interpolate(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+	port := map[string]string{"": "4318", "http/protobuf": "4318", "grpc": "4317"}[interpolate(env["OTEL_EXPORTER_OTLP_PROTOCOL"])]
+	if u, err := url.Parse(endpoint); err != nil || u.Scheme != "http" || u.Host != "jaeger:"+port {
+		t.Errorf("%s: OTEL_EXPORTER_OTLP_ENDPOINT %q (protocol %q); want http://jaeger:%s, the jaeger service", name, endpoint, env["OTEL_EXPORTER_OTLP_PROTOCOL"], port)
+	}
+	if interpolate(env["OTEL_SERVICE_NAME"]) == "" {
+		t.Errorf("%s: no OTEL_SERVICE_NAME", name)
 	}
 }
 

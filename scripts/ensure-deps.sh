@@ -5,8 +5,11 @@
 # and the Helm chart's alert rules in deploy/helm/charttest), node with npm (the official
 # Node SDK is installed with npm during the run) and curl (the README's examples, which e2e
 # runs as written, use it). Installs what is missing with apt-get when it can (root on
-# Debian or Ubuntu); otherwise says how, and fails.
+# Debian or Ubuntu); otherwise says how, and fails. First it builds, with Go, the Jaeger the
+# suite sends its traces to (scripts/jaeger.sh: once per machine and Jaeger version).
 set -euo pipefail
+
+bash "$(dirname "${BASH_SOURCE[0]}")/jaeger.sh" >/dev/null
 
 # command → Debian package
 declare -A pkg_of=(

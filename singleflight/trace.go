@@ -48,7 +48,8 @@ type leadSpan struct {
 // Options.Tracer or a caller's span to parent it.
 func (l *leader) enter(st leadState) {
 	t := l.r.g.opts.Tracer
-	if t == nil || !l.f.call.Trace.IsValid() {
+	// Detached, the lead is another goroutine's, which may already be running it.
+	if t == nil || st == leadDetached || !l.f.call.Trace.IsValid() {
 		return
 	}
 	ph := phaseOf(st, l.sp.ph)

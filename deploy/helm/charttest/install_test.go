@@ -67,6 +67,12 @@ func TestWrongValuesFailAtInstall(t *testing.T) {
 		{"grace period too short", `terminationGracePeriodSeconds=30`, "terminationGracePeriodSeconds"},
 		{"budget blocks drains", `podDisruptionBudget={"enabled":true,"maxUnavailable":null,"minAvailable":3}`, "podDisruptionBudget.minAvailable"},
 		{"autoscaler min above max", `autoscaling={"enabled":true,"minReplicas":5,"maxReplicas":3}`, "autoscaling.minReplicas"},
+		{"OTLP over JSON", `tracing.protocol="http/json"`, "protocol"},
+		{"OTLP endpoint without scheme", `tracing.otlpEndpoint="otel-collector:4318"`, "otlpEndpoint"},
+		{"sampler misspelt", `tracing.sampler="ratio"`, "sampler"},
+		{"sampler ratio above 1", `tracing.samplerArg=2`, "samplerArg"},
+		{"sampler ratio above 1, as text", `tracing.samplerArg="1.5"`, "samplerArg"},
+		{"resource attribute with a comma", `tracing.resourceAttributes={"team":"a,b"}`, "resourceAttributes"},
 		{"configuration through the environment", `extraEnv=[{"name":"LLM_DEDUPE_FLIGHT_LEASE_TTL","value":"1s"}]`, "extraEnv"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

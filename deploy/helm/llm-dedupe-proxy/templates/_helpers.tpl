@@ -204,3 +204,12 @@ and the rule, and stops the install before anything is applied.
   {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* OTEL_RESOURCE_ATTRIBUTES: the release's namespace, then tracing.resourceAttributes. */}}
+{{- define "llm-dedupe-proxy.resourceAttributes" -}}
+{{- $attrs := list (printf "k8s.namespace.name=%s" .Release.Namespace) }}
+{{- range $k, $v := .Values.tracing.resourceAttributes }}
+{{- $attrs = append $attrs (printf "%s=%s" $k $v) }}
+{{- end }}
+{{- join "," $attrs }}
+{{- end }}
