@@ -313,8 +313,9 @@ func checkTraces(t *testing.T, c *cluster, j *jaegerProc, spans []span, sc trace
 		t.Errorf("server spans by llm_dedupe.role %v; the clients were told %v", roles, wantRoles)
 	}
 
-	// Every follower and hit links to the client span of the call that made its answer;
-	// an owner links to none.
+	// Every request answered by another request's call links to that call's client span:
+	// followers, hits, and the stopped owner's request when the takeover's answer served
+	// it; the request that ran the call links to none.
 	for _, s := range chat {
 		role, m := s.Attrs["llm_dedupe.role"], s.Attrs["gen_ai.request.model"]
 		call := answerOf[m]
@@ -322,20 +323,23 @@ func checkTraces(t *testing.T, c *cluster, j *jaegerProc, spans []span, sc trace
 		if s.Attrs["llm_dedupe.attempt"] != attempt[call] {
 			t.Errorf("%s span %s (%s): llm_dedupe.attempt %q; want %s", role, s.SpanID, m, s.Attrs["llm_dedupe.attempt"], attempt[call])
 		}
-		if role == "owner" {
-			if len(s.Links) != 0 {
-				t.Errorf("owner span %s (%s): links %+v; want none", s.SpanID, m, s.Links)
+		if s.SpanID == want.Parent {
+			if len(s.Links) != 0 || role != "owner" {
+				t.Errorf("%s span %s (%s) ran the call of its answer: links %+v; want an owner with none", role, s.SpanID, m, s.Links)
 			}
 			continue
 		}
-		reason := map[string]string{"hit": "hit", "follower": "follower"}[role]
-		if role == "follower" && call == 3 {
+		reason := "follower"
+		switch {
+		case role == "hit":
+			reason = "hit"
+		case call == 3:
 			reason = "takeover"
 		}
 		if len(s.Links) != 1 || s.Links[0].TraceID != want.TraceID || s.Links[0].SpanID != want.SpanID ||
-			s.Links[0].Attrs["llm_dedupe.link.reason"] != reason || s.Links[0].Attrs["llm_dedupe.attempt"] != attempt[call] {
-			t.Errorf("%s span %s (%s): links %+v; want one to call %d's client span %s/%s, reason %s, attempt %s",
-				role, s.SpanID, m, s.Links, call, want.TraceID, want.SpanID, reason, attempt[call])
+			s.Links[0].Attrs["llm_dedupe.link.reason"] != reason {
+			t.Errorf("%s span %s (%s): links %+v; want one to call %d's client span %s/%s, reason %s",
+				role, s.SpanID, m, s.Links, call, want.TraceID, want.SpanID, reason)
 		}
 	}
 

@@ -164,7 +164,9 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 		return
 	}
 	head := rd.head()
-	info.origin = head.Origin
+	if p.cfg.Tracing != nil {
+		info.origin, info.ownCall = head.Origin, rd.ho != nil && rd.ho.madeBy(head.Origin)
+	}
 	var age time.Duration
 	if role == singleflight.RoleHit {
 		age = rd.rd.Age()

@@ -41,6 +41,24 @@ type handoff struct {
 	inlineKey string
 	done      chan struct{}
 	cut       error
+
+	// made is the origin of the last call this request's function made (ADR 0061): an
+	// answer of another origin came from another request's call.
+	made string
+}
+
+// setMade records the origin of a call of this request's function.
+func (h *handoff) setMade(origin string) {
+	h.mu.Lock()
+	h.made = origin
+	h.mu.Unlock()
+}
+
+// madeBy reports whether origin is a call of this request's function.
+func (h *handoff) madeBy(origin string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return origin != "" && origin == h.made
 }
 
 // handWriter is where an owner function writes an answer it hands over.

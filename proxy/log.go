@@ -102,6 +102,7 @@ type requestInfo struct {
 	// What a traced request's span says (ADR 0061): set only when tracing is on.
 	model, namespace string
 	origin           string // singleflight.Head.Origin of its answer
+	ownCall          bool   // its answer came from its own function's call
 	broken           bool
 	// abort: the answer must not look whole to the client (its own answer cut short, or a
 	// client taken for gone): the connection is closed, once the request is logged.

@@ -67,7 +67,9 @@ func endSpan(span trace.Span, r *http.Request, route string, info *requestInfo, 
 	}
 	if o, ok := tracing.ParseOrigin(info.origin); ok {
 		attrs = append(attrs, tracing.Attempt.Int(o.Attempt))
-		if info.role == singleflight.RoleFollower.String() || info.role == singleflight.RoleHit.String() {
+		// Every answer of another request's call links to it: a follower's, a hit's, and
+		// an owner's whose attempt lost its lease to another instance's.
+		if !info.ownCall {
 			span.AddLink(tracing.LinkTo(o, info.role == singleflight.RoleHit.String()))
 		}
 	}

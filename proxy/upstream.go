@@ -64,6 +64,9 @@ func (p *Proxy) ownerFunc(route string, req hashing.Request, r *http.Request, bo
 		}
 		defer resp.Body.Close()
 		head := singleflight.Head{Status: resp.StatusCode, Header: map[string][]string{}, Origin: call.originOf()}
+		if head.Origin != "" {
+			ho.setMade(head.Origin)
+		}
 		for k, vs := range resp.Header {
 			if replayed(k) {
 				head.Header[k] = vs

@@ -61,9 +61,7 @@ func (r *remote) lead(ctx context.Context, f *flight) bool {
 // run is the lead's state machine, from st.
 func (l *leader) run(st leadState) bool {
 	for {
-		if st != leadDetached { // detached, the lead may already run on another goroutine
-			l.enter(st)
-		}
+		l.enter(st)
 		switch st {
 		case leadLookup:
 			st = l.lookup()

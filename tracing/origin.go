@@ -25,7 +25,6 @@ const (
 	Namespace  = attribute.Key("llm_dedupe.namespace")   // X-Dedupe-Namespace, when set
 	Takeover   = attribute.Key("llm_dedupe.takeover")    // why an owner took the flight over
 	LinkReason = attribute.Key("llm_dedupe.link.reason") // on a link to the origin: follower, hit, takeover
-	Backend    = attribute.Key("llm_dedupe.backend")     // redis or memory
 )
 
 // Link reasons: why a request's answer came from another request's upstream call.
