@@ -7,8 +7,13 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
+
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 // traceCells is what tracing costs: the hit and owner paths of an instance that traces
@@ -22,13 +27,17 @@ type traceCells struct {
 	CPUPerHit   map[string][]float64 `json:"cpu_per_hit_us"`
 	ExportBytes int64                `json:"export_bytes"`
 	Exports     int64                `json:"exports"`
+	// Spans is how many spans the sink got, Requests how many requests the traced instance
+	// served: the batch processor drops spans when its queue is full.
+	Spans    int64 `json:"spans"`
+	Requests int64 `json:"requests"`
 }
 
 // otlpSink takes OTLP/HTTP trace exports and drops them, counting what came.
 type otlpSink struct {
-	srv            *http.Server
-	url            string
-	bytes, exports atomic.Int64
+	srv                   *http.Server
+	url                   string
+	bytes, exports, spans atomic.Int64
 }
 
 func startSink() (*otlpSink, error) {
@@ -38,9 +47,17 @@ func startSink() (*otlpSink, error) {
 	}
 	s := &otlpSink{url: "http://" + ln.Addr().String()}
 	s.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n, _ := io.Copy(io.Discard, r.Body)
-		s.bytes.Add(n)
+		b, _ := io.ReadAll(r.Body)
+		s.bytes.Add(int64(len(b)))
 		s.exports.Add(1)
+		var req coltracepb.ExportTraceServiceRequest
+		if proto.Unmarshal(b, &req) == nil {
+			for _, rs := range req.ResourceSpans {
+				for _, ss := range rs.ScopeSpans {
+					s.spans.Add(int64(len(ss.Spans)))
+				}
+			}
+		}
 		w.Header().Set("Content-Type", "application/x-protobuf")
 		w.WriteHeader(http.StatusOK) // an empty ExportTraceServiceResponse
 	}), ReadHeaderTimeout: 5 * time.Second}
@@ -109,6 +126,37 @@ func (e *env) tracingCost(ctx context.Context, c cfg) (*traceCells, error) {
 			return chatBody(fmt.Sprintf("%s traced owner %s r%d #%d", e.runID, t.name, run, i), false)
 		}
 	})
-	out.ExportBytes, out.Exports = sink.bytes.Load(), sink.exports.Load()
+	out.Requests, err = requestsServed(ctx, traced)
+	if err != nil {
+		return nil, err
+	}
+	out.ExportBytes, out.Exports, out.Spans = sink.bytes.Load(), sink.exports.Load(), sink.spans.Load()
 	return out, nil
+}
+
+// requestsServed is the sum of an instance's llm_dedupe_requests_total.
+func requestsServed(ctx context.Context, base string) (int64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	var n float64
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "llm_dedupe_requests_total{"); ok {
+			if f := strings.Fields(rest); len(f) >= 2 {
+				v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+				n += v
+			}
+		}
+	}
+	return int64(n), nil
 }

@@ -259,7 +259,7 @@ func traceSection(b *strings.Builder, r *results) {
 	if t == nil || len(t.Hit) == 0 {
 		return
 	}
-	fmt.Fprintf(b, "## Tracing\n\nOne more instance traces every request (`OTEL_TRACES_SAMPLER=always_on`, OTLP/HTTP to a sink on loopback that drops what it gets), beside proxy-1, which does not: the same stored answers, then unique prompts (upstream 50 ms, one client). %d exports, %.1f MiB.\n\n", t.Exports, float64(t.ExportBytes)/(1<<20))
+	fmt.Fprintf(b, "## Tracing\n\nOne more instance traces every request (`OTEL_TRACES_SAMPLER=always_on`, OTLP/HTTP to a sink on loopback that drops what it gets), beside proxy-1, which does not: the same stored answers, then unique prompts (upstream 50 ms, one client). The sink got %d spans in %d exports (%.1f MiB) for the %d requests the traced instance served: the batch processor drops spans its queue cannot hold.\n\n", t.Spans, t.Exports, float64(t.ExportBytes)/(1<<20), t.Requests)
 	latencyTable(b, t.Hit, "tracing off")
 	latencyTable(b, t.Owner, "tracing off")
 	if offs, ons := t.CPUPerHit["tracing off (hit)"], t.CPUPerHit["tracing on, all sampled (hit)"]; len(offs) > 0 && len(ons) > 0 {
