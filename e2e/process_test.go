@@ -75,6 +75,18 @@ func startProc(t testing.TB, name, bin string, env []string, args ...string) *pr
 			return
 		}
 		lines := p.lines
+		if len(lines) > maxLogLines { // the request lines go first: the others say why
+			var others []string
+			for _, l := range lines {
+				if !strings.Contains(l, `"msg":"request"`) {
+					others = append(others, l)
+				}
+			}
+			if len(others) < len(lines) {
+				t.Logf("---- %s: %d request lines left out ----", name, len(lines)-len(others))
+				lines = others
+			}
+		}
 		if len(lines) > maxLogLines {
 			t.Logf("---- %s: %d earlier lines left out ----", name, len(lines)-maxLogLines)
 			lines = lines[len(lines)-maxLogLines:]

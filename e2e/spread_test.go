@@ -24,12 +24,14 @@ func TestSpread(t *testing.T) {
 		prompts    = 1500
 		maxClients = 128 // three instances: a pool and one pub/sub connection each, and the test's own
 	)
-	// A lease of 6 s, renewed every 2 s, not the suite's short one: thousands of requests
-	// at once on two cores shared with other test packages delay a renewal by seconds, and
-	// this test is about connections, not takeovers.
+	// A lease of 6 s, renewed every 2 s, and a Redis deadline of 5 s, not the suite's short
+	// ones: thousands of requests at once on two cores shared with other test packages
+	// delay a renewal by seconds, and a PING past half a second degrades an instance (ADR
+	// 0056). This test is about connections, not takeovers or hangs.
 	c := startCluster(t, clusterOpts{
 		redisArgs: []string{"--maxclients", strconv.Itoa(maxClients)},
-		env:       map[string]string{"LLM_DEDUPE_FLIGHT_LEASE_TTL": "6s", "LLM_DEDUPE_FLIGHT_HEARTBEAT_INTERVAL": "2s"},
+		env: map[string]string{"LLM_DEDUPE_FLIGHT_LEASE_TTL": "6s", "LLM_DEDUPE_FLIGHT_HEARTBEAT_INTERVAL": "2s",
+			"LLM_DEDUPE_REDIS_READ_TIMEOUT": "5s"},
 	})
 	c.fake.set(fakeupstream.Behavior{Hold: true})
 	model := "e2e-spread"
