@@ -5,6 +5,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -172,6 +175,7 @@ func TestTracesLinkEveryAnswerToItsCall(t *testing.T) {
 		}
 		return server >= wantServer && client >= 3, fmt.Sprintf("%d server spans, %d client spans", server, client)
 	})
+	wantExemplars(t, c.ins)
 	for _, in := range c.ins {
 		in.signal(syscall.SIGTERM)
 	}
@@ -387,4 +391,36 @@ func jsonModel(body string) string {
 	}
 	_ = json.Unmarshal([]byte(body), &v)
 	return v.Model
+}
+
+// wantExemplars: asked for OpenMetrics, as Prometheus asks, every traced instance's request
+// durations carry a trace ID as an exemplar, and the instance that called the upstream its
+// upstream durations too.
+func wantExemplars(t *testing.T, ins []*instance) {
+	t.Helper()
+	upstream := 0
+	for _, in := range ins {
+		req, _ := http.NewRequest(http.MethodGet, in.URL+"/metrics", nil)
+		req.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		exemplar := regexp.MustCompile(`(?m)^llm_dedupe_(request|upstream)_duration_seconds_bucket\{.*\} \d+ # \{trace_id="[0-9a-f]{32}"\}`)
+		kinds := map[string]bool{}
+		for _, m := range exemplar.FindAllStringSubmatch(string(b), -1) {
+			kinds[m[1]] = true
+		}
+		if !kinds["request"] {
+			t.Errorf("%s: no request duration exemplar in its OpenMetrics (%s)", in.name, resp.Header.Get("Content-Type"))
+		}
+		if kinds["upstream"] {
+			upstream++
+		}
+	}
+	if upstream == 0 {
+		t.Error("no instance has an upstream duration exemplar")
+	}
 }

@@ -149,6 +149,14 @@ func (p *Proxy) startCall(ctx context.Context, leader *http.Request, route, mode
 	return &upstreamCall{span: span, origin: tracing.Origin{Span: span.SpanContext(), Attempt: a.N}.String()}
 }
 
+// spanContext is ctx with the call's span: its duration's exemplar names the call's trace.
+func (c *upstreamCall) spanContext(ctx context.Context) context.Context {
+	if c == nil {
+		return ctx
+	}
+	return trace.ContextWithSpan(ctx, c.span)
+}
+
 // originOf is the origin an answer of this call carries.
 func (c *upstreamCall) originOf() string {
 	if c == nil {

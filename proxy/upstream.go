@@ -57,7 +57,7 @@ func (p *Proxy) ownerFunc(route string, req hashing.Request, r *http.Request, bo
 		call := p.startCall(ctx, r, route, req.Model, out)
 		resp, err := p.cfg.Transport.RoundTrip(out)
 		if err != nil {
-			p.cfg.Recorder.Upstream(ctx, route, 0, time.Since(start))
+			p.cfg.Recorder.Upstream(call.spanContext(ctx), route, 0, time.Since(start))
 			p.logFailure(route, key, err)
 			call.end(0, err)
 			return transportFailure(ctx, err), err
@@ -106,7 +106,7 @@ func (p *Proxy) ownerFunc(route string, req hashing.Request, r *http.Request, bo
 			code = 0
 			p.logFailure(route, key, err)
 		}
-		p.cfg.Recorder.Upstream(ctx, route, code, time.Since(start))
+		p.cfg.Recorder.Upstream(call.spanContext(ctx), route, code, time.Since(start))
 		call.end(code, err)
 		res.Head.Origin = head.Origin
 		return res, err
