@@ -176,6 +176,41 @@ func (r *remote) hangingFor(key string) bool {
 // unusable reports whether key's shard is degraded or suspected.
 func (r *remote) unusable(key string) bool { return r.degradedFor(key) || r.suspected(key) }
 
+// usableAfterVerdict reports whether key's shard can be used, once the PING that confirms
+// a suspicion of it (see confirm) has ended: at most half a deadline on, or when ctx ends.
+// A suspicion is a slow operation, which a slow link or a busy process makes as well as a
+// hang: a caller that found Redis answering goes on with it, instead of a call of its own
+// that other instances would not share (ADR 0062).
+func (r *remote) usableAfterVerdict(ctx context.Context, key string) bool {
+	r.awaitVerdict(ctx, key)
+	return !r.unusable(key)
+}
+
+// awaitVerdict waits while key's shard is suspected, at most half a deadline, the PING's own.
+func (r *remote) awaitVerdict(ctx context.Context, key string) {
+	if r.suspects.Load() == 0 {
+		return
+	}
+	s := r.shard(key)
+	t := time.NewTimer(r.g.opts.RedisTimeout / 2)
+	defer t.Stop()
+	for {
+		r.mu.Lock()
+		suspected, verdict := r.suspect[s], r.verdict
+		r.mu.Unlock()
+		if !suspected {
+			return
+		}
+		select {
+		case <-verdict: // a PING ended; this shard's, or another's: look again
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
 // confirm degrades the shard that holds the Redis key rkey if it does not answer a PING on
 // a connection of its own within half a deadline: an operation that timed out may have waited
 // for a pooled connection of a busy process, not on a Redis that hangs (ADR 0056).
@@ -210,6 +245,8 @@ func (r *remote) confirm(rkey string, cause error) {
 		r.mu.Lock()
 		delete(r.suspect, shard)
 		r.suspects.Add(-1)
+		close(r.verdict)
+		r.verdict = make(chan struct{})
 		r.mu.Unlock()
 		if r.g.hooks.confirmed != nil {
 			r.g.hooks.confirmed(answers)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/faultproxy"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
@@ -330,5 +331,63 @@ func TestFollowerTakesOverWhenItsInstanceFindsRedisHanging(t *testing.T) {
 	f.rem().confirm(f.rem().keys(keys[0]).meta, context.DeadlineExceeded) // a timeout on F's path
 	if out := readWithin(r, o.LeaseTTL/2); out.err != nil || out.body != "local" {
 		t.Fatalf("follower got (%q, %v) after %v; want its own call's answer within half its owner's lease", out.body, out.err, time.Since(start))
+	}
+}
+
+// TestSuspicionRedisAnswersCostsNoCall: an operation slower than half a deadline has its
+// shard suspected until a PING on a connection of its own answers (ADR 0056). A slow link
+// does that without Redis being out of reach: a flight started on that instance while the
+// PING is out waits for its answer, then follows the flight another instance owns, instead
+// of calling for itself (ADR 0062).
+func TestSuspicionRedisAnswersCostsNoCall(t *testing.T) {
+	srv := redistest.Start(t)
+	o := Options{LeaseTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond, RedisTimeout: time.Second}
+	h := backend{redis: srv}.group(t, o) // the owner's instance
+	g, link, confirmed := behindLink(t, srv, o)
+	key := uniqueKey()
+	release := make(chan struct{})
+	var calls atomic.Int32
+	fn := func(ctx context.Context, _ *Writer) (Result, error) {
+		calls.Add(1)
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return Result{}, ctx.Err()
+		}
+		return Result{Head: Head{Status: 200}, Body: []byte("the owner's"), Outcome: Store}, nil
+	}
+	owner, err := h.Do(key, false, fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(owner.Close)
+	waitCond(t, 5*time.Second, "the owner's claim", func() bool { return h.flightRole(key) == RoleOwner })
+
+	// An operation was slow, Redis is not: the PING is answered, 300 ms on; then the link
+	// is fast again.
+	link.Set(faultproxy.Fault{Mode: faultproxy.Latency, Delay: 150 * time.Millisecond})
+	g.rem().confirm(g.rem().keys(key).meta, errSlow)
+	r, err := g.Do(key, false, fn) // while the PING is out
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case answers := <-confirmed:
+		link.Set(faultproxy.Fault{})
+		if !answers {
+			t.Fatal("the confirmation PING was not answered; want a slow link, not a hang")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no confirmation PING ended within 5s")
+	}
+	waitCond(t, 5*time.Second, "a role on g", func() bool { return g.flightRole(key) != RoleUnknown })
+	close(release)
+	out := readWithin(r, 5*time.Second)
+	if out.err != nil || out.body != "the owner's" || out.role != RoleFollower || calls.Load() != 1 || g.Degraded() {
+		t.Fatalf("started while the PING was out: %q as %v (%v), %d calls, degraded %v; want the owner's answer as a follower, 1 call, not degraded",
+			out.body, out.role, out.err, calls.Load(), g.Degraded())
+	}
+	if out := readWithin(owner, 5*time.Second); out.err != nil || out.body != "the owner's" {
+		t.Fatalf("owner: %q, %v", out.body, out.err)
 	}
 }

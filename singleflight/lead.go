@@ -101,13 +101,13 @@ func (l *leader) lookup() leadState {
 	if l.ctx.Err() != nil {
 		return leadEnded
 	}
-	if r.unusable(f.key) {
+	if !r.usableAfterVerdict(l.ctx, f.key) {
 		return leadLocal
 	}
 	var candidate string
 	if l.pos.last == "" || l.caughtUp {
 		candidate = r.newToken(l.ctx)
-		if r.unusable(f.key) {
+		if !r.usableAfterVerdict(l.ctx, f.key) {
 			return leadLocal // the token's owner-seq timed out: one deadline is all a caller waits
 		}
 	}
@@ -145,7 +145,7 @@ func (l *leader) claim() leadState {
 		return leadContend
 	}
 	token := r.newToken(l.ctx)
-	if r.unusable(f.key) {
+	if !r.usableAfterVerdict(l.ctx, f.key) {
 		return leadLocal
 	}
 	if g.hooks.beforeClaim != nil {

@@ -83,7 +83,7 @@ func (fw *follower) lookUp() followState {
 func (fw *follower) recheck() lookResult {
 	l := fw.l
 	r, f, pos := l.r, l.f, &l.pos
-	if r.unusable(f.key) {
+	if !r.usableAfterVerdict(l.ctx, f.key) {
 		return fw.blind() // a look would wait on a Redis that may hang (ADR 0056)
 	}
 	d, err := r.lookup(f.key, f.noCache, "", f.call)

@@ -66,6 +66,7 @@ type remote struct {
 	down         map[string]bool // shards (see shard) that failed and are not answering yet
 	suspect      map[string]bool // shards whose timeout is being confirmed (see confirm)
 	suspects     atomic.Int32    // len(suspect), read without the lock on every lookup
+	verdict      chan struct{}   // closed, and replaced, when a confirmation PING ended
 	hung         map[string]bool // down shards that hang rather than refuse (see confirm)
 	recovered    time.Time       // when the probe last found every shard answering
 	probing      bool
@@ -73,7 +74,8 @@ type remote struct {
 }
 
 func newRemote(g *Group) *remote {
-	r := &remote{g: g, rdb: g.opts.Redis, down: map[string]bool{}, suspect: map[string]bool{}, hung: map[string]bool{}}
+	r := &remote{g: g, rdb: g.opts.Redis, down: map[string]bool{}, suspect: map[string]bool{}, hung: map[string]bool{},
+		verdict: make(chan struct{})}
 	r.wake, r.renewer = newWakeHub(r), newRenewer(r)
 	r.batch.r = r
 	return r
