@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"strconv"
@@ -239,17 +238,8 @@ func (s *answerScan) attrs() []attribute.KeyValue {
 
 // firstString is the string value of the first member named key in b, "" if none.
 func firstString(b []byte, key string) string {
-	i := bytes.Index(b, []byte(key))
-	if i < 0 {
-		return ""
-	}
-	rest := bytes.TrimLeft(b[i+len(key):], " \t\r\n")
-	rest, ok := bytes.CutPrefix(rest, []byte(":"))
-	if !ok {
-		return ""
-	}
 	var v string
-	if json.NewDecoder(bytes.NewReader(rest)).Decode(&v) != nil || len(v) > 256 {
+	if !decodeMember(b, bytes.Index(b, []byte(key)), key, &v) || len(v) > 256 {
 		return ""
 	}
 	return v

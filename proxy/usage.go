@@ -78,20 +78,22 @@ func AnnotateUsage(_ singleflight.Head, body []byte) any {
 
 // usageOf is the token usage of an answer, or of its end; see tail.usage.
 func usageOf(b []byte) (prompt, completion int64) {
-	i := bytes.LastIndex(b, []byte(`"usage"`))
-	if i < 0 {
-		return 0, 0
-	}
-	rest := bytes.TrimLeft(b[i+len(`"usage"`):], " \t\r\n")
-	rest, ok := bytes.CutPrefix(rest, []byte(":"))
-	if !ok {
-		return 0, 0
-	}
 	var u usageFields
-	if json.NewDecoder(bytes.NewReader(rest)).Decode(&u) != nil {
+	if !decodeMember(b, bytes.LastIndex(b, []byte(`"usage"`)), `"usage"`, &u) {
 		return 0, 0
 	}
 	return u.PromptTokens + u.InputTokens, u.CompletionTokens + u.OutputTokens
+}
+
+// decodeMember decodes into v the value of the member whose quoted name key starts at b[i]
+// (i < 0: none found), without decoding anything else of b.
+func decodeMember(b []byte, i int, key string, v any) bool {
+	if i < 0 {
+		return false
+	}
+	rest := bytes.TrimLeft(b[i+len(key):], " \t\r\n")
+	rest, ok := bytes.CutPrefix(rest, []byte(":"))
+	return ok && json.NewDecoder(bytes.NewReader(rest)).Decode(v) == nil
 }
 
 type usageFields struct {
