@@ -126,25 +126,16 @@ func (p *Proxy) startCall(ctx context.Context, leader *http.Request, route, mode
 	if op == "" {
 		name = out.Method + " " + route
 	}
-	attrs := []attribute.KeyValue{
-		tracing.GenAIProvider.String("openai"), tracing.GenAIRequestModel.String(model),
-		semconv.ServerAddress(p.cfg.Upstream.Hostname()), semconv.HTTPRequestMethodKey.String(out.Method),
-		tracing.Attempt.Int(a.N),
-	}
+	attrs := append(serverAttrs(p.cfg.Upstream), tracing.GenAIProvider.String("openai"),
+		tracing.GenAIRequestModel.String(model), semconv.HTTPRequestMethodKey.String(out.Method), tracing.Attempt.Int(a.N))
 	if op != "" {
 		attrs = append(attrs, tracing.GenAIOperation.String(op))
-	}
-	if port, err := strconv.Atoi(p.cfg.Upstream.Port()); err == nil {
-		attrs = append(attrs, semconv.ServerPort(port))
 	}
 	if a.Takeover != "" {
 		attrs = append(attrs, tracing.Takeover.String(a.Takeover))
 	}
 	_, span := t.Tracer.Start(parent, name, clientKind, trace.WithAttributes(attrs...))
-	sctx := trace.ContextWithSpan(ctx, span)
-	out.Header.Del("Traceparent")
-	out.Header.Del("Tracestate")
-	t.Propagator.Inject(sctx, propagation.HeaderCarrier(out.Header))
+	sendTrace(t, trace.ContextWithSpan(ctx, span), out.Header)
 	return &upstreamCall{span: span, origin: tracing.Origin{Span: span.SpanContext(), Attempt: a.N}.String()}
 }
 

@@ -1,11 +1,14 @@
 package proxy
 
 import (
+	"context"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"sync"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
@@ -23,15 +26,10 @@ type tracedTransport struct {
 }
 
 func (tt tracedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	ctx, span := tt.t.Tracer.Start(r.Context(), r.Method, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
-		semconv.HTTPRequestMethodKey.String(r.Method), semconv.ServerAddress(r.URL.Hostname()), semconv.URLPath(r.URL.Path)))
-	if port, err := strconv.Atoi(r.URL.Port()); err == nil {
-		span.SetAttributes(semconv.ServerPort(port))
-	}
+	attrs := append(serverAttrs(r.URL), semconv.HTTPRequestMethodKey.String(r.Method), semconv.URLPath(r.URL.Path))
+	ctx, span := tt.t.Tracer.Start(r.Context(), r.Method, clientKind, trace.WithAttributes(attrs...))
 	out := r.Clone(ctx) // a RoundTripper does not change the request it is given
-	out.Header.Del("Traceparent")
-	out.Header.Del("Tracestate")
-	tt.t.Propagator.Inject(ctx, propagation.HeaderCarrier(out.Header))
+	sendTrace(tt.t, ctx, out.Header)
 	resp, err := tt.next.RoundTrip(out)
 	if err != nil {
 		span.RecordError(redactErr(err))
@@ -62,4 +60,22 @@ func (b *spanBody) Close() error {
 	err := b.ReadCloser.Close()
 	b.once.Do(func() { b.span.End() })
 	return err
+}
+
+// serverAttrs are server.address and server.port of an upstream URL.
+func serverAttrs(u *url.URL) []attribute.KeyValue {
+	attrs := make([]attribute.KeyValue, 1, 5)
+	attrs[0] = semconv.ServerAddress(u.Hostname())
+	if port, err := strconv.Atoi(u.Port()); err == nil {
+		attrs = append(attrs, semconv.ServerPort(port))
+	}
+	return attrs
+}
+
+// sendTrace puts the trace context of ctx's span in an upstream request's headers, in
+// place of the client's.
+func sendTrace(t *tracing.Tracing, ctx context.Context, h http.Header) {
+	h.Del("Traceparent")
+	h.Del("Tracestate")
+	t.Propagator.Inject(ctx, propagation.HeaderCarrier(h))
 }
