@@ -109,12 +109,8 @@ func (e *env) hits(ctx context.Context, c cfg) ([]latencyCell, error) {
 	if len(e.nginx) > 0 {
 		targets = append(targets, target{"nginx (hit)", chatURL(e.nginx[0])})
 	}
-	for _, t := range targets[1:] {
-		for _, b := range bodies {
-			if r := e.c.post(ctx, t.url, b, false); !r.ok() {
-				return nil, fmt.Errorf("storing a hit through %s: status %d %v", t.name, r.status, r.err)
-			}
-		}
+	if err := e.store(ctx, targets[1:], bodies); err != nil {
+		return nil, err
 	}
 	var out []latencyCell
 	for _, conc := range c.hitConc {
@@ -123,4 +119,16 @@ func (e *env) hits(ctx context.Context, c cfg) ([]latencyCell, error) {
 		})...)
 	}
 	return out, nil
+}
+
+// store asks each target for every body once, so that later requests are hits.
+func (e *env) store(ctx context.Context, targets []target, bodies [][]byte) error {
+	for _, t := range targets {
+		for _, b := range bodies {
+			if r := e.c.post(ctx, t.url, b, false); !r.ok() {
+				return fmt.Errorf("storing a hit through %s: status %d %v", t.name, r.status, r.err)
+			}
+		}
+	}
+	return nil
 }

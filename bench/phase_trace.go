@@ -86,12 +86,8 @@ func (e *env) tracingCost(ctx context.Context, c cfg) (*traceCells, error) {
 		bodies[i] = chatBody(fmt.Sprintf("%s traced hit #%d", e.runID, i), false)
 	}
 	targets := []target{{"tracing off (hit)", chatURL(e.proxy[0])}, {"tracing on, all sampled (hit)", chatURL(traced)}}
-	for _, t := range targets {
-		for _, b := range bodies {
-			if r := e.c.post(ctx, t.url, b, false); !r.ok() {
-				return nil, fmt.Errorf("storing a hit through %s: status %d %v", t.name, r.status, r.err)
-			}
-		}
+	if err := e.store(ctx, targets, bodies); err != nil {
+		return nil, err
 	}
 	for _, conc := range c.hitConc {
 		out.Hit = append(out.Hit, e.measureLatency(ctx, c, targets, conc, func(t target, run int) func(int64) []byte {
