@@ -133,18 +133,28 @@ func (e *env) fakeCalls(ctx context.Context) (int64, error) {
 	return s.Calls, err
 }
 
-// metric reads one unlabelled sample from a proxy's /metrics.
+// metric is the sum of the samples of name on a proxy's /metrics, whatever their labels.
 func (e *env) metric(ctx context.Context, base, name string) (float64, error) {
 	b, err := e.c.get(ctx, base+"/metrics")
 	if err != nil {
 		return 0, err
 	}
+	sum, found := 0.0, false
 	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, name+" "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		series, value, ok := strings.Cut(line, " ")
+		if n, _, _ := strings.Cut(series, "{"); !ok || n != name {
+			continue
 		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			return 0, fmt.Errorf("metric %s: %w", name, err)
+		}
+		sum, found = sum+v, true
 	}
-	return 0, fmt.Errorf("metric %s not found", name)
+	if !found {
+		return 0, fmt.Errorf("metric %s not found", name)
+	}
+	return sum, nil
 }
 
 func chatURL(base string) string { return base + "/v1/chat/completions" }

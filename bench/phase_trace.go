@@ -7,8 +7,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -122,37 +120,11 @@ func (e *env) tracingCost(ctx context.Context, c cfg) (*traceCells, error) {
 			return chatBody(fmt.Sprintf("%s traced owner %s r%d #%d", e.runID, t.name, run, i), false)
 		}
 	})
-	out.Requests, err = requestsServed(ctx, traced)
+	served, err := e.metric(ctx, traced, "llm_dedupe_requests_total")
 	if err != nil {
 		return nil, err
 	}
+	out.Requests = int64(served)
 	out.ExportBytes, out.Exports, out.Spans = sink.bytes.Load(), sink.exports.Load(), sink.spans.Load()
 	return out, nil
-}
-
-// requestsServed is the sum of an instance's llm_dedupe_requests_total.
-func requestsServed(ctx context.Context, base string) (int64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, err
-	}
-	var n float64
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "llm_dedupe_requests_total{"); ok {
-			if f := strings.Fields(rest); len(f) >= 2 {
-				v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-				n += v
-			}
-		}
-	}
-	return int64(n), nil
 }
