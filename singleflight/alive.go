@@ -61,11 +61,15 @@ func (h *wakeHub) heard(channel string, tokens []string) {
 		st.silent.Reset(lease)
 	}
 	h.mu.Unlock()
-	if newlyStale {
-		h.each(channel, func(*watch) {}) // followers parked on the messages work their wait out again
-	}
-	if len(gone) > 0 {
-		h.each(channel, func(w *watch) { w.mu.Lock(); w.gone = append(w.gone, gone...); w.mu.Unlock() })
+	// Followers parked on the messages work their wait out again, told of tokens said gone.
+	if newlyStale || len(gone) > 0 {
+		h.each(channel, func(w *watch) {
+			if len(gone) > 0 {
+				w.mu.Lock()
+				w.gone = append(w.gone, gone...)
+				w.mu.Unlock()
+			}
+		})
 	}
 	if h.r.g.hooks.aliveHeard != nil {
 		h.r.g.hooks.aliveHeard()

@@ -178,7 +178,6 @@ func decodeHead(status, header string) (Head, error) {
 	}
 	h := Head{Status: s}
 	if header != "" {
-		var err error
 		if h.Header, err = decodeHeader(header); err != nil {
 			return Head{}, fmt.Errorf("singleflight: bad stored header: %w", err)
 		}

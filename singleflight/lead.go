@@ -236,7 +236,7 @@ func (l *leader) local() leadState {
 	ctx := l.ctx
 	if begun || l.reason != takeoverNone { // a flight that had an owner is taken over
 		g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: takeoverDegraded.String()})
-		ctx = withAttempt(ctx, Attempt{N: l.failures + 1, Takeover: takeoverDegraded.String()})
+		ctx = withAttempt(ctx, Attempt{Takeover: takeoverDegraded.String()}) // leadLocal numbers it
 	}
 	l.decide(RoleOwner)
 	if g.leadLocal(ctx, f, l.failures+1) {

@@ -84,8 +84,8 @@ func (g *Group) leadLocal(ctx context.Context, f *flight, attempt int) bool {
 		return true
 	}
 	return g.retryAfterJitter(ctx, f, func() bool {
-		g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: "failed"})
-		return g.leadLocal(withAttempt(ctx, Attempt{Takeover: "failed"}), f, attempt+1)
+		g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: takeoverFailed.String()})
+		return g.leadLocal(withAttempt(ctx, Attempt{Takeover: takeoverFailed.String()}), f, attempt+1)
 	})
 }
 

@@ -73,7 +73,7 @@ func (fw *follower) lookUp() followState {
 		return followWait
 	}
 	fw.since = time.Now()
-	if fw.l.pos.token != fw.trustFor || !fw.trustUntil.IsZero() {
+	if !fw.saidGone() {
 		fw.trust()
 	}
 	return followWait
@@ -146,8 +146,12 @@ func (fw *follower) recheck() lookResult {
 // outage: its owner, which may have lost Redis too, makes its final write once Redis answers
 // it, unless it said the token gone; the token decides whether it lands (ADR 0060).
 func (fw *follower) waitsLate() bool {
-	saidGone := fw.trustFor == fw.l.pos.token && fw.trustUntil.IsZero()
-	return !saidGone && time.Now().Before(fw.lateUntil) && !fw.l.f.canUseNewGen()
+	return !fw.saidGone() && time.Now().Before(fw.lateUntil) && !fw.l.f.canUseNewGen()
+}
+
+// saidGone reports whether the owner's instance said the followed token gone (see heardAlive).
+func (fw *follower) saidGone() bool {
+	return fw.trustFor == fw.l.pos.token && fw.trustUntil.IsZero()
 }
 
 // blind is a look Redis did not answer: look again while the lease runs, unless Redis

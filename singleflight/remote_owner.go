@@ -150,7 +150,7 @@ func (o *remoteOwnership) complete(ctx context.Context, fin final) error {
 }
 
 func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) error {
-	status := ""
+	status, header := "", encodeHead(res.Head) // once: the write may be made again
 	if res.Head.Status != 0 {
 		status = strconv.Itoa(res.Head.Status)
 	}
@@ -158,7 +158,7 @@ func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) e
 		ctx, cancel := o.r.watchedOp(ctx, o.k.meta)
 		defer cancel()
 		return failScript.Run(ctx, o.r.rdb, []string{o.k.meta, o.k.stream},
-			o.args(o.token, status, encodeHead(res.Head), res.Body, reason, o.r.runningTTL())...).Int64()
+			o.args(o.token, status, header, res.Body, reason, o.r.runningTTL())...).Int64()
 	})
 }
 
