@@ -217,11 +217,7 @@ func (r *remote) awaitVerdict(ctx context.Context, key string) {
 func (r *remote) confirm(rkey string, cause error) {
 	shard := r.shardOf(rkey)
 	r.mu.Lock()
-	if r.down[shard] || r.suspect[shard] {
-		r.mu.Unlock()
-		return
-	}
-	if !r.g.counted() {
+	if r.down[shard] || r.suspect[shard] || !r.g.counted() { // counted: the PING's goroutine
 		r.mu.Unlock()
 		return
 	}

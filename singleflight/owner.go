@@ -142,23 +142,22 @@ func (g *Group) completeAttempt(wctx context.Context, f *flight, o ownership, w 
 	if g.hooks.completed != nil {
 		g.hooks.completed()
 	}
-	if o.goesOn() {
-		// Redis did not answer within one deadline: the callers here are answered now,
-		// and a caller that joins from now on looks again (ADRs 0021, 0056).
-		f.fenceAt(sent)
-		f.finish(res.Head, res.Body)
-		g.goOn(o, f.key, "complete", end)
-		return true
+	// Redis did not answer within one deadline: the callers here are answered now, the
+	// write goes on, and a caller that joins from now on looks again (ADRs 0021, 0056).
+	if handed = o.goesOn(); !handed {
+		end()
+		// Refused, the write still leaves the local readers their whole answer (ADR 0027).
+		g.writeEnded(o, f.key, "complete", cerr)
 	}
-	end()
-	// Refused, the write still leaves the local readers their whole answer (ADR 0027).
-	g.writeEnded(o, f.key, "complete", cerr)
 	// Fenced unless refused: a write whose reply was lost may have landed (ADR 0021).
 	if o.remote() && !errors.Is(cerr, ErrLeaseLost) && !errors.Is(cerr, ErrFlightGone) {
 		f.fenceAt(sent)
 	}
 	f.finish(res.Head, res.Body)
-	return false
+	if handed {
+		g.goOn(o, f.key, "complete", end)
+	}
+	return handed
 }
 
 // failAttempt makes the final write of a failed attempt, and returns why it failed;
