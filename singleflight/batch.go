@@ -93,12 +93,6 @@ func (b *batcher) sendNext() {
 
 func (b *batcher) send(batch []*batchCall) {
 	rdb := b.r.rdb
-	var rkey string
-	if len(batch) > 0 {
-		rkey = batch[0].keys[0]
-	}
-	ctx, cancel := b.r.watchedOp(context.Background(), rkey)
-	defer cancel()
 	// A call whose shard went down while it queued is not sent: one deadline is all its
 	// caller waits (ADR 0056).
 	batch = slices.DeleteFunc(batch, func(c *batchCall) bool {
@@ -109,7 +103,7 @@ func (b *batcher) send(batch []*batchCall) {
 		if !b.r.degradedAt(c.keys[0]) {
 			return false
 		}
-		c.cmd = redis.NewCmd(ctx)
+		c.cmd = redis.NewCmd(context.Background())
 		c.cmd.SetErr(errShardDown)
 		close(c.done)
 		return true
@@ -117,6 +111,9 @@ func (b *batcher) send(batch []*batchCall) {
 	if len(batch) == 0 {
 		return
 	}
+	// Watched on a call that is sent: a down shard's is not confirmed again.
+	ctx, cancel := b.r.watchedOp(context.Background(), batch[0].keys[0])
+	defer cancel()
 	if len(batch) == 1 {
 		c := batch[0]
 		c.cmd = c.script.Run(ctx, rdb, c.keys, c.args...)
