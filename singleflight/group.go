@@ -34,6 +34,7 @@ type hooks struct {
 	beforeRenew  func(ctx context.Context) // blocks a heartbeat (a paused or dead owner)
 	beforeFollow func()                    // runs between a follower's lookup and its subscription
 	readGap      func()                    // a follower's read found nothing (or failed), before it looks again
+	looked       func(decision)            // a follower's look of its flight was answered
 	afterEntries func()                    // a follower applied one read's entries, before its next read
 	beforeClaim  func()                    // a contender is about to run claim.lua
 	aliveHeard   func()                    // the hub heard an alive message (on its receiving goroutine)

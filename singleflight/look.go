@@ -95,6 +95,9 @@ func (fw *follower) recheck() lookResult {
 		return fw.blind()
 	}
 	f.sawRedis(d.clock)
+	if r.g.hooks.looked != nil {
+		r.g.hooks.looked(d)
+	}
 	if fw.outage {
 		// The first answer after an outage: an owner that lost Redis too writes late.
 		fw.outage, fw.lateUntil = false, time.Now().Add(r.g.opts.LeaseTTL)

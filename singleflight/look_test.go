@@ -256,3 +256,64 @@ func TestFollowerOfAClaimNobodyRunsTakesOver(t *testing.T) {
 		t.Fatalf("follower of a claim nobody runs got (%q, %v) after %v; want its own call's answer within a few leases", out.body, out.err, time.Since(start))
 	}
 }
+
+// TestTakeoverSeenInTheStreamCountsAliveMessagesOnlyOnceItsOwnerWorks: a follower that saw
+// its first owner at work (a look found its lease moved on), then reads the gen entry of a
+// claim nobody runs, does not take the claimer's instance's alive messages as that claim's:
+// it looks at the claim's lease end and takes the flight over (ADR 0059).
+func TestTakeoverSeenInTheStreamCountsAliveMessagesOnlyOnceItsOwnerWorks(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	o := Options{LeaseTTL: time.Second, HeartbeatInterval: 100 * time.Millisecond, Timeout: 30 * time.Second}
+	a, c, f := b.group(t, o), b.group(t, o), b.group(t, o)
+	busy, held := newReply("busy"), newReply("held")
+	defer busy.release()
+	defer held.release()
+	ownEach(t, c, 1, func(int) Func { return busy.fn }) // C's alive messages go on
+	var dead atomic.Bool                                // then A renews no more
+	stop := make(chan struct{})
+	defer close(stop)
+	a.hooks.beforeRenew = func(context.Context) {
+		if dead.Load() {
+			<-stop
+		}
+	}
+	keys, _ := ownEach(t, a, 1, func(int) Func { return held.fn })
+	key := keys[0]
+	looked := make(chan decision, 16)
+	f.hooks.looked = func(d decision) {
+		select {
+		case looked <- d:
+		default:
+		}
+	}
+	local := newReply("local")
+	local.release()
+	r := followEach(t, f, keys, local.fn)[0]
+	for seen := false; !seen; { // F looks at the lease's end and finds A renewed it: at work
+		select {
+		case d := <-looked:
+			seen = d.verdict == verdictFollow && d.remaining > 0
+		case <-time.After(10 * time.Second):
+			t.Fatal("the follower never found its owner's lease moved on")
+		}
+	}
+	dead.Store(true)
+	ctx := context.Background()
+	// A's lease runs out now, and C claims the flight with a reply that is lost: C never
+	// runs it, but its instance goes on saying it is alive.
+	if err := srv.Client().HSet(ctx, f.rem().keys(key).meta, "lease_until", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	seen, err := c.rem().lookup(key, false, "", CallOptions{})
+	if err != nil || seen.verdict != verdictClaim || seen.seen != seenExpired {
+		t.Fatalf("C's look: %+v, %v; want an expired lease to claim", seen, err)
+	}
+	if d, err := c.rem().claim(ctx, key, c.rem().newToken(ctx), seen, false, CallOptions{}); err != nil || d.verdict != verdictOwner {
+		t.Fatalf("the lost claim: %+v, %v", d, err)
+	}
+	start := time.Now()
+	if out := readWithin(r, 3*o.LeaseTTL+2*time.Second); out.err != nil || out.body != "local" {
+		t.Fatalf("follower got (%q, %v) after %v; want its own call's answer within a few leases", out.body, out.err, time.Since(start))
+	}
+}
