@@ -1,6 +1,7 @@
 package singleflight
 
 import (
+	"context"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -22,4 +23,10 @@ type CallOptions struct {
 	Inline bool
 	// Trace is the caller's span, parent of the spans of a flight it starts (Options.Tracer).
 	Trace trace.SpanContext
+	// Finish asks that the call run to its end and its answer be kept even if no caller
+	// waits for it any more: any caller of a flight that asks it makes it so (ADR 0074).
+	Finish bool
+	// Context, if set, is the caller's: once it ends, the caller no longer waits, even while
+	// an Inline DoWith leads on its goroutine and it cannot close its Reader (ADR 0074).
+	Context context.Context
 }

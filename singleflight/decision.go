@@ -33,9 +33,10 @@ const (
 	seenExpired                 // running, with its lease run out
 	seenFailed                  // its last attempt failed
 	seenDone                    // done, with no stored answer to serve
+	seenCut                     // cut: nobody waited for it (ADR 0074); a new flight starts at once
 )
 
-var seenOf = map[string]seen{"absent": seenAbsent, "expired": seenExpired, "failed": seenFailed, "done": seenDone}
+var seenOf = map[string]seen{"absent": seenAbsent, "expired": seenExpired, "failed": seenFailed, "done": seenDone, "cut": seenCut}
 
 // state is the meta state claim.lua compares with what the lookup saw.
 func (s seen) state() string {
@@ -46,6 +47,8 @@ func (s seen) state() string {
 		return "F"
 	case seenDone:
 		return "D"
+	case seenCut:
+		return "A"
 	}
 	return ""
 }

@@ -1,6 +1,10 @@
 package singleflight
 
-import "errors"
+import (
+	"context"
+	"errors"
+	"fmt"
+)
 
 // Errors reported by the package. Check them with errors.Is.
 var (
@@ -22,7 +26,13 @@ var (
 	ErrClosed = errors.New("singleflight: closed")
 	// ErrPanic wraps a panic recovered from an owner function.
 	ErrPanic = errors.New("singleflight: owner panicked")
+	// ErrAbandoned is the cause of an owner's flight context when no caller, here or on
+	// any instance, waited for its call for the grace: the call was cut. See ADR 0074.
+	ErrAbandoned = errors.New("singleflight: abandoned: no caller waits")
 )
+
+// errCallersLeft ends a local flight that is not owned here once its last reader closed.
+var errCallersLeft = fmt.Errorf("singleflight: every caller left: %w", context.Canceled)
 
 // errShardDown is why a write was not sent: the flight's Redis shard is degraded.
 var errShardDown = errors.New("singleflight: the flight's Redis is down")

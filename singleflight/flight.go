@@ -44,6 +44,12 @@ type flight struct {
 	clockFirst, clockLast clockRef
 	landed                int64
 	landedAt              time.Time // owned here: when the final write was sent
+	// Abandonment (abandon.go, ADR 0074): whether anyone still waits for the call.
+	leaderGone bool         // the leader's caller ended before it could close its Reader
+	finishAll  bool         // a caller asked that the call finish even if nobody waits
+	cut        *attemptCut  // the attempt owned here, while it runs
+	idle       idleSpell    // no caller waits here for the attempt owned here
+	idleTimer  *time.Timer  // cuts the attempt once the spell has lasted the grace
 }
 
 func newFlight(key, lkey string, noCache bool, fn Func, cancel context.CancelCauseFunc) *flight {
@@ -105,6 +111,7 @@ func (f *flight) appendChunk(p []byte) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.chunks = append(f.chunks, p)
+	f.noteUnread(len(p))
 	f.broadcast()
 }
 

@@ -44,6 +44,7 @@ type hooks struct {
 	leadStarted  func()                    // a flight's lead goroutine started; its first caller is not counted yet (g.mu held)
 	probed       func()                    // the probe of a degraded Redis asked it once
 	confirmed    func(answers bool)        // a timeout's confirmation PING ended (see confirm)
+	cutAsked     func(cut bool)            // an idle spell's grace ran out and the coordinator answered, before the call is cut
 }
 
 // New returns a Group. Close it to stop its goroutines.
@@ -109,6 +110,8 @@ func (g *Group) DoWith(key string, o CallOptions, fn Func) (*Reader, error) {
 	f.readers++
 	f.unserved++
 	f.leaderOpen = f.leaderOpen || leader
+	f.finishAll = f.finishAll || o.Finish
+	g.updateIdle(f) // a caller that comes back within the grace keeps the call (ADR 0074)
 	f.mu.Unlock()
 	g.mu.Unlock()
 	rd := &Reader{g: g, f: f, leader: leader, fn: fn, call: o}
@@ -117,6 +120,11 @@ func (g *Group) DoWith(key string, o CallOptions, fn Func) (*Reader, error) {
 		rd.joined = time.Now()
 	}
 	if leader && o.Inline {
+		// The caller cannot close its Reader before the lead returns: its Context says
+		// when it stops waiting.
+		if o.Context != nil {
+			defer context.AfterFunc(o.Context, func() { g.callerGone(f) })()
+		}
 		g.lead(ctx, f)
 	}
 	return rd, nil
@@ -139,7 +147,8 @@ func (g *Group) serveStored(key, lkey string, o CallOptions, sr storedResult) *R
 // noCancel is the cancel function of a flight that has no leader loop to end.
 var noCancel context.CancelCauseFunc = func(error) {}
 
-// leave is called when a reader closes.
+// leave is called when a reader closes. A flight whose last caller leaves ends, unless
+// owned here: then it may be cut once nobody waits anywhere (ADR 0074).
 func (g *Group) leave(f *flight, leader, delivered bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -151,11 +160,12 @@ func (g *Group) leave(f *flight, leader, delivered bool) {
 	if leader {
 		f.leaderOpen = false
 	}
-	idle := f.readers == 0 && !f.owning && !f.ended
+	idle := f.waiting() == 0 && !f.owning && !f.ended
+	g.updateIdle(f)
 	f.mu.Unlock()
 	if idle {
 		g.forget(f)
-		f.cancel(context.Canceled)
+		f.cancel(errCallersLeft)
 	}
 }
 

@@ -2,6 +2,7 @@ package singleflight
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -44,6 +45,7 @@ type leader struct {
 	role     Role     // the role reported for the flight
 
 	fresh     bool // no attempt of its key seen yet (claim.lua may restart the count)
+	marked    bool // a follow marked the flight waited for by this instance (ADR 0074)
 	contended bool // the jitter before a takeover was waited
 	caughtUp  bool // the stream was read for a finished newer attempt
 
@@ -80,6 +82,9 @@ func (l *leader) run(st leadState) bool {
 		case leadLocal:
 			st = l.local()
 		case leadEnded:
+			if l.marked && errors.Is(context.Cause(l.ctx), errCallersLeft) {
+				l.r.unwait(l.f)
+			}
 			return true
 		case leadDetached:
 			return false
@@ -111,12 +116,13 @@ func (l *leader) lookup() leadState {
 			return leadLocal // the token's owner-seq timed out: one deadline is all a caller waits
 		}
 	}
-	d, err := r.lookup(f.key, f.noCache, candidate, f.call)
+	d, err := r.lookup(f.key, f.noCache, candidate, f.call, f.callers())
 	if err != nil {
 		return leadLocal
 	}
 	f.sawRedis(d.clock)
 	l.d = d
+	l.marked = l.marked || d.verdict == verdictFollow
 	switch d.verdict {
 	case verdictOwner:
 		return leadOwn
@@ -151,13 +157,14 @@ func (l *leader) claim() leadState {
 	if g.hooks.beforeClaim != nil {
 		g.hooks.beforeClaim()
 	}
-	d, err := r.claim(l.ctx, f.key, token, seen, l.fresh, f.call)
+	d, err := r.claim(l.ctx, f.key, token, seen, l.fresh, f.call, f.callers())
 	if err != nil {
 		return leadLocal
 	}
 	f.sawRedis(d.clock)
 	l.contended = false
 	l.d = d
+	l.marked = l.marked || d.verdict == verdictFollow
 	switch d.verdict {
 	case verdictFollow:
 		return leadFollow
@@ -204,9 +211,9 @@ func (l *leader) own() leadState {
 	a := Attempt{N: l.d.attempt, Takeover: l.reason.String()}
 	l.reason, l.fresh = takeoverNone, false
 	l.pos = position{token: l.d.token}
-	end, res, _ := g.own(withAttempt(l.ctx, a), f, newRemoteOwnership(l.r, f.key, l.d))
+	end, res, _ := g.own(withAttempt(l.ctx, a), f, newRemoteOwnership(l.r, f, l.d))
 	switch end {
-	case attemptDone:
+	case attemptDone, attemptAbandoned:
 		return leadEnded
 	case attemptLeaseLost:
 		if !f.canUseNewGen() {

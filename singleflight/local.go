@@ -40,6 +40,7 @@ func (localOwnership) remote() bool                                             
 
 func (localOwnership) complete(context.Context, final) error { return nil }
 func (localOwnership) abandon()                              {}
+func (localOwnership) cut(context.Context) bool              { return true }
 
 // lead runs the flight f until it has an outcome for its readers.
 func (g *Group) lead(ctx context.Context, f *flight) {
@@ -80,7 +81,7 @@ func (g *Group) leadLocal(ctx context.Context, f *flight, attempt int) bool {
 	a := AttemptOf(ctx)
 	a.N = attempt
 	end, res, _ := g.own(withAttempt(ctx, a), f, localOwnership{})
-	if end == attemptDone || ctx.Err() != nil || !g.retryDue(f, attempt, res) {
+	if end == attemptDone || end == attemptAbandoned || ctx.Err() != nil || !g.retryDue(f, attempt, res) {
 		return true
 	}
 	return g.retryAfterJitter(ctx, f, func() bool {

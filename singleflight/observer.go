@@ -29,6 +29,7 @@ const (
 	EventPurge                                // this Group purged stored answers (Op: answer or namespace)
 	EventInvalidated                          // a purge reached this Group's memory (Op: answer, namespace, or all after a lost subscription)
 	EventSubscribed                           // the purge subscription is (again) listening
+	EventAbandoned                            // no caller waited for an attempt owned here, and the spell ended (Reason: cancelled, finished, rejoined; Bytes: received for nobody)
 )
 
 // Event is one thing that happened. Only the fields its kind names are set.
@@ -40,6 +41,7 @@ type Event struct {
 	Op       string
 	Err      error
 	Duration time.Duration
+	Bytes    int64
 }
 
 type nopObserver struct{}

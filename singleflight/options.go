@@ -55,6 +55,10 @@ type Options struct {
 	// MaxResultTTL is the longest TTL any Result asks for, which namespace generations
 	// outlive. If zero, ResultTTL.
 	MaxResultTTL time.Duration
+	// AbandonGrace is how long an owned call goes on once no caller, here or on any
+	// instance, waits for it, before it is cut, unless a caller asked it to finish
+	// (CallOptions.Finish). If zero, 2s is used; negative: cut at once. See ADR 0074.
+	AbandonGrace time.Duration
 }
 
 func (o *Options) setDefaults() {
@@ -70,8 +74,12 @@ func (o *Options) setDefaults() {
 	def(&o.Timeout, 10*time.Minute)
 	def(&o.RedisTimeout, time.Second)
 	def(&o.BatchDelay, 5*time.Millisecond)
+	def(&o.AbandonGrace, 2*time.Second)
 	if o.TakeoverJitter < 0 {
 		o.TakeoverJitter = 0
+	}
+	if o.AbandonGrace < 0 {
+		o.AbandonGrace = 0
 	}
 	if o.KeyPrefix == "" {
 		o.KeyPrefix = "ai:flight"

@@ -30,6 +30,9 @@ type ownership interface {
 	remote() bool
 	// abandon tells followers elsewhere that the attempt ended without a final write.
 	abandon()
+	// cut ends the flight for a call nobody waits for, if its coordinator sees no caller
+	// waiting anywhere; false leaves the call running (ADR 0074).
+	cut(ctx context.Context) bool
 }
 
 // final is what complete writes; tail, landedN and skip are as in Writer.tail.
@@ -50,6 +53,7 @@ const (
 	attemptDone      attemptEnd = iota // the flight has its response
 	attemptFailed                      // Retry outcome, error or panic
 	attemptLeaseLost                   // another owner took over
+	attemptAbandoned                   // no caller waited: the call was cut (ADR 0074)
 )
 
 // own runs f's owner function as one attempt under o and publishes what it produces.
@@ -62,6 +66,8 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	f.startGen(RoleOwner, true)
 
 	w := &Writer{g: g, f: f, o: o, ctx: fctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	g.ownedBy(f, &attemptCut{o: o, cancel: cancel}, false)
+	defer func() { g.ownedBy(f, nil, errors.Is(context.Cause(fctx), ErrAbandoned)) }()
 	// Under the hard timeout, and on until the final write (ADRs 0007, 0008): end ends the
 	// attempt, here or after a final write that goes on past this call (ADR 0056).
 	stopHeartbeat := o.heartbeat(tctx, cancel)
@@ -90,6 +96,11 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	cause := context.Cause(tctx)
 	if whole {
 		cause = nil
+	}
+	if errors.Is(cause, ErrAbandoned) {
+		// Cut: the flight has ended in Redis already, and nobody here waits (ADR 0074).
+		f.resetGen(nil)
+		return attemptAbandoned, res, ErrAbandoned
 	}
 	if cause != nil && errors.Is(cause, ErrLeaseLost) || !whole && errors.Is(w.err, ErrLeaseLost) {
 		g.observe(Event{Kind: EventLeaseLost, Key: f.key})

@@ -30,6 +30,8 @@ var (
 	incrSrc string
 	//go:embed lua/restore.lua
 	restoreSrc string
+	//go:embed lua/unwait.lua
+	unwaitSrc string
 	//go:embed lua/wake.lua
 	wakeSrc string
 
@@ -40,6 +42,7 @@ var (
 	completeScript = redis.NewScript(wakeSrc + restoreSrc + completeSrc)
 	failScript     = redis.NewScript(wakeSrc + restoreSrc + failSrc)
 	incrScript     = redis.NewScript(incrSrc)
+	unwaitScript   = redis.NewScript(unwaitSrc)
 )
 
 // seqTTL keeps owner-seq from living forever; tokens stay unique without it (ADR 0002).
@@ -101,13 +104,14 @@ func (r *remote) runningTTL() int64 {
 }
 
 // lookup asks what a caller of key should do; with a candidate it may claim (ADR 0002).
-func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptions) (decision, error) {
+// A follow marks the flight waited for by callers of this instance (ADR 0074).
+func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptions, callers int) (decision, error) {
 	k := r.keys(key)
 	o := r.g.opts
 	sent := time.Now()
 	v, err := r.batch.run(lookupScript, []string{k.meta, k.result, k.stream},
 		flag(noCache), candidate, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.Linger.Milliseconds(),
-		co.MaxAge.Milliseconds(), co.Route, co.Model).Slice()
+		co.MaxAge.Milliseconds(), co.Route, co.Model, max(callers, 1)).Slice()
 	if err != nil {
 		return decision{}, r.redisErr("lookup", key, err)
 	}
@@ -144,7 +148,7 @@ func (r *remote) newToken(ctx context.Context) string {
 }
 
 // claim takes the flight over if its meta still has the token and state seen (ADR 0003).
-func (r *remote) claim(ctx context.Context, key, token string, seen decision, fresh bool, co CallOptions) (decision, error) {
+func (r *remote) claim(ctx context.Context, key, token string, seen decision, fresh bool, co CallOptions, callers int) (decision, error) {
 	k := r.keys(key)
 	o := r.g.opts
 	sent := time.Now()
@@ -152,7 +156,7 @@ func (r *remote) claim(ctx context.Context, key, token string, seen decision, fr
 	defer cancel()
 	v, err := claimScript.Run(ctx, r.rdb, []string{k.meta, k.stream},
 		token, seen.token, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.MaxAttempts, flag(fresh),
-		seen.seen.state(), o.Linger.Milliseconds(), co.Route, co.Model).Slice()
+		seen.seen.state(), o.Linger.Milliseconds(), co.Route, co.Model, max(callers, 1)).Slice()
 	if err != nil {
 		return decision{}, r.redisErr("claim", key, err)
 	}

@@ -17,6 +17,7 @@ var errStreamFull = errors.New("singleflight: stream full")
 // carries what restore.lua needs (ADR 0010).
 type remoteOwnership struct {
 	r       *remote
+	f       *flight
 	key     string
 	k       flightKeys
 	token   string
@@ -27,6 +28,9 @@ type remoteOwnership struct {
 	leaseFrom atomic.Int64
 	// finalPending: the final write is being made (ADR 0008).
 	finalPending atomic.Bool
+	// cutIn: Redis cut the flight (ADR 0074): nothing is renewed or written any more; a
+	// caller that came meanwhile is served by the call alone.
+	cutIn atomic.Bool
 	// The final write, to be made again (again): its op and write, and how it last ended
 	// (raw: Redis's error; ferr: as the owner sees it).
 	op        string
@@ -40,8 +44,8 @@ var monoStart = time.Now()
 // mono is t on this process's monotonic clock, in ns, for lease arithmetic.
 func mono(t time.Time) int64 { return int64(t.Sub(monoStart)) }
 
-func newRemoteOwnership(r *remote, key string, d decision) *remoteOwnership {
-	o := &remoteOwnership{r: r, key: key, k: r.keys(key), token: d.token, attempt: d.attempt}
+func newRemoteOwnership(r *remote, f *flight, d decision) *remoteOwnership {
+	o := &remoteOwnership{r: r, f: f, key: f.key, k: r.keys(f.key), token: d.token, attempt: d.attempt}
 	o.until.Store(d.until)
 	if !d.clock.sent.IsZero() {
 		o.leaseFrom.Store(mono(d.clock.sent))
@@ -60,7 +64,7 @@ func (o *remoteOwnership) restoreArgs() []any {
 
 func (o *remoteOwnership) args(a ...any) []any { return append(a, o.restoreArgs()...) }
 
-func (o *remoteOwnership) remote() bool { return true }
+func (o *remoteOwnership) remote() bool { return !o.cutIn.Load() }
 
 func (o *remoteOwnership) degraded() bool { return o.r.unusable(o.key) }
 
@@ -85,7 +89,51 @@ func (o *remoteOwnership) heartbeat(ctx context.Context, cancel context.CancelCa
 }
 
 func (o *remoteOwnership) renewArgs() []any {
-	return o.args(o.token, o.r.g.opts.LeaseTTL.Milliseconds(), o.r.runningTTL())
+	idle, self, callers := o.cutArgs()
+	return o.args(o.token, o.r.g.opts.LeaseTTL.Milliseconds(), o.r.runningTTL(), idle, o.r.g.opts.AbandonGrace.Milliseconds(), self, callers)
+}
+
+// cutArgs are what renew.lua needs to cut a call nobody waits for (ADR 0074): how long
+// nobody has waited here ('' while one does, or one asked to finish), the instance whose
+// mark a cut does not count ('' when another local flight of the key follows here), and
+// the callers waiting here.
+func (o *remoteOwnership) cutArgs() (idle, self string, callers int) {
+	f, g := o.f, o.r.g
+	f.mu.Lock()
+	callers = f.waiting()
+	may, since := f.mayCut(), f.idle.since
+	f.mu.Unlock()
+	if !may {
+		return "", "", callers
+	}
+	g.mu.Lock()
+	others := g.othersOf(f)
+	g.mu.Unlock()
+	if !others {
+		self = g.opts.InstanceID
+	}
+	return strconv.FormatInt(time.Since(since).Milliseconds(), 10), self, callers
+}
+
+// cutRenew is renew.lua's answer that it cut the flight.
+const cutRenew = -2
+
+// cut asks Redis to cut the flight now, with a renewal that says how long nobody has
+// waited here; false (the lease renewed, or Redis not asked) leaves the call running.
+func (o *remoteOwnership) cut(ctx context.Context) bool {
+	if o.r.unusable(o.key) {
+		return false // followers elsewhere cannot be seen: the call goes on
+	}
+	ctx, cancel := o.r.watchedOp(ctx, o.k.meta)
+	defer cancel()
+	sent := mono(time.Now())
+	v, err := o.renewRun(ctx).Int64()
+	if err == nil && v == cutRenew {
+		o.cutIn.Store(true)
+		return true
+	}
+	_ = o.renewed(sent, v, err)
+	return false
 }
 
 func (o *remoteOwnership) renewCmd(ctx context.Context, p redis.Pipeliner) *redis.Cmd {
@@ -107,6 +155,9 @@ func (o *remoteOwnership) renewed(sent int64, v int64, err error) error {
 }
 
 func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, data []byte) error {
+	if o.cutIn.Load() {
+		return nil
+	}
 	ctx, cancel := o.r.watchedOp(ctx, o.k.meta)
 	defer cancel()
 	status, header := "", ""
@@ -165,6 +216,9 @@ func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) e
 // final makes a final write once (none while the flight's shard is degraded), and keeps
 // it to be made again (see again).
 func (o *remoteOwnership) final(ctx context.Context, op string, write func(context.Context) (int64, error)) error {
+	if o.cutIn.Load() {
+		return nil // no flight in Redis to end (ADR 0074)
+	}
 	o.finalPending.Store(true)
 	o.op, o.write, o.wctx = op, write, ctx
 	return o.try()

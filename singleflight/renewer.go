@@ -171,8 +171,8 @@ func (rn *renewer) due(now time.Time) (batch, later []*renewal, by time.Time, go
 	defer rn.mu.Unlock()
 	batch = make([]*renewal, 0, len(rn.owned))
 	for rl := range rn.owned {
-		if rl.later {
-			continue // a renewLater goroutine renews it
+		if rl.later || rl.o.cutIn.Load() {
+			continue // a renewLater goroutine renews it, or it was cut
 		}
 		if rn.expired(rl) {
 			continue
@@ -311,6 +311,13 @@ func (rn *renewer) renew(batch []*renewal, alive bool, gone string) {
 	}
 	for i, rl := range batch {
 		v, err := cmds[i].Int64()
+		if err == nil && v == cutRenew || rl.o.cutIn.Load() {
+			// Cut (ADR 0074): by this renewal, or by one that cut sent meanwhile.
+			if !rl.o.cutIn.Swap(true) {
+				g.cutAttempt(rl.o.f, rl.o)
+			}
+			continue
+		}
 		err = rl.o.renewed(sent, v, err)
 		rn.mu.Lock()
 		_, owned := rn.owned[rl] // not stopped meanwhile

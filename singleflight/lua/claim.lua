@@ -3,8 +3,9 @@
 -- ARGV[1] token (new, from INCR owner-seq + instance id)  ARGV[2] seen_token ('' = absent)
 -- ARGV[3] owner (instance id)  ARGV[4] lease_ms  ARGV[5] ttl_ms  ARGV[6] max_attempts
 -- ARGV[7] fresh ("1": a new caller, may restart the attempt count of a flight that gave up)
--- ARGV[8] seen_state (R, F, D; '' = absent)  ARGV[9] linger_ms
+-- ARGV[8] seen_state (R, F, D, A; '' = absent)  ARGV[9] linger_ms
 -- ARGV[10] route  ARGV[11] model   (shown by the flights listing)
+-- ARGV[12] callers waiting on this instance, marked when it follows (see lookup.lua)
 -- returns {"owner", attempt, gen_id, lease_until, now_us}
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt, now_us}   (now_us: as lookup's)
 --      or {"changed"}     the meta moved on since the claimer looked: look again
@@ -19,6 +20,9 @@ if m[2] == ARGV[1] then
   return {'owner', tonumber(m[4]), m[5], tonumber(m[3]), now_us}
 end
 if m[1] == 'R' and tonumber(m[3]) > now then
+  if (ARGV[12] or '') ~= '' and redis.call('HSET', KEYS[1], 'w:' .. ARGV[3], ARGV[12]) == 1 then
+    redis.call('HINCRBY', KEYS[1], 'w', 1)
+  end
   return {'follow', m[2], tonumber(m[3]) - now, m[5], tonumber(m[4]), now_us}
 end
 -- Compare-and-set on what the claimer saw, state included: an owner that completed since
@@ -28,6 +32,9 @@ if (m[2] or '') ~= ARGV[2] or (m[1] or '') ~= ARGV[8] then
 end
 
 local attempt = 1
+if m[1] == 'D' or m[1] == 'A' then
+  redis.call('DEL', KEYS[1]) -- a new flight: no mark of an earlier one's callers stays (ADR 0074)
+end
 if m[1] == 'R' or m[1] == 'F' then
   attempt = (tonumber(m[4]) or 0) + 1
   if attempt > tonumber(ARGV[6]) then

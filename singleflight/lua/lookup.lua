@@ -7,12 +7,15 @@
 -- ARGV[3] owner (instance id)  ARGV[4] lease_ms  ARGV[5] ttl_ms  ARGV[6] linger_ms
 -- ARGV[7] max_age_ms (> 0: a stored result older than this is not served)
 -- ARGV[8] route  ARGV[9] model   (shown by the flights listing; written when claiming)
+-- ARGV[10] callers: how many callers wait on this instance ('' = mark nothing); a follow
+--          marks the flight waited for by this instance (w:<instance>, counted in w) so
+--          that its owner does not cut it (ADR 0074)
 -- returns {"hit", status, header, body, age_ms, token, ttl_left_ms, landed_us}   token: of the attempt
 --          that stored it; landed_us: when its complete ran
 --      or {"owner", attempt, gen_id, lease_until, now_us}    claimed with the candidate
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt, batches, now_us}   batches: appended so far
 --      (now_us and landed_us: this server's time in µs, for the fence of answered.go)
---      or {"claim", seen_token, attempt, reason, gen_id}     reason: absent | expired | failed | done
+--      or {"claim", seen_token, attempt, reason, gen_id}     reason: absent | expired | failed | done | cut
 -- Safe to run twice: a repeated lookup with my own candidate answers "owner" again.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -34,9 +37,13 @@ local cand = ARGV[2]
 if cand ~= '' and m[2] == cand then
   return {'owner', tonumber(m[4]), m[5], tonumber(m[3]), now_us}
 end
-if cand ~= '' and (not m[1] or m[1] == 'D') then
-  -- The finished generation stays readable for linger: its followers may be between two
-  -- reads. Only what is older than that goes (stream IDs are this server's time).
+if cand ~= '' and (not m[1] or m[1] == 'D' or m[1] == 'A') then
+  -- A new flight: no mark of an earlier one's callers stays (ADR 0074). The finished
+  -- generation stays readable for linger: its followers may be between two reads. Only
+  -- what is older than that goes (stream IDs are this server's time).
+  if m[1] then
+    redis.call('DEL', KEYS[1])
+  end
   local gen = xadd(KEYS[3], {'t', 'gen', 'tok', cand, 'a', '1'}, now - tonumber(ARGV[6]))
   redis.call('HSET', KEYS[1], 'state', 'R', 'token', cand, 'owner', ARGV[3],
     'lease_until', int(now + tonumber(ARGV[4])), 'attempt', '1', 'created', int(now), 'gen', gen, 'n', '0',
@@ -52,11 +59,17 @@ local attempt = tonumber(m[4]) or 0
 if m[1] == 'R' then
   local rem = tonumber(m[3]) - now
   if rem > 0 then
+    if (ARGV[10] or '') ~= '' and redis.call('HSET', KEYS[1], 'w:' .. ARGV[3], ARGV[10]) == 1 then
+      redis.call('HINCRBY', KEYS[1], 'w', 1)
+    end
     return {'follow', m[2], rem, m[5], attempt, tonumber(m[6]) or -1, now_us}
   end
   return {'claim', m[2], attempt, 'expired', m[5]}
 end
 if m[1] == 'F' then
   return {'claim', m[2], attempt, 'failed', m[5]}
+end
+if m[1] == 'A' then
+  return {'claim', m[2], 0, 'cut', ''}
 end
 return {'claim', m[2], attempt, 'done', m[5]}

@@ -1,0 +1,353 @@
+package singleflight
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+)
+
+// longCall is an owner function that streams a first event, then its second once released,
+// and reports why its context ended if it did.
+type longCall struct {
+	calls   atomic.Int32
+	release chan struct{}
+	cut     chan error // the cause of a call's end before release
+}
+
+func newLongCall() *longCall {
+	return &longCall{release: make(chan struct{}), cut: make(chan error, 4)}
+}
+
+func (c *longCall) fn(ctx context.Context, w *Writer) (Result, error) {
+	n := c.calls.Add(1)
+	w.WriteHead(Head{Status: 200, Header: map[string][]string{"Content-Type": {"text/event-stream"}}})
+	fmt.Fprintf(w, "data: call %d first\n\n", n)
+	select {
+	case <-c.release:
+	case <-ctx.Done():
+		c.cut <- context.Cause(ctx)
+		return Result{}, context.Cause(ctx)
+	}
+	fmt.Fprintf(w, "data: call %d second\n\n", n)
+	return Result{Outcome: Store}, nil
+}
+
+func (c *longCall) whole(n int) string {
+	return fmt.Sprintf("data: call %d first\n\ndata: call %d second\n\n", n, n)
+}
+
+// waitCut waits until a call ended with ErrAbandoned.
+func (c *longCall) waitCut(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-c.cut:
+		if !errors.Is(err, ErrAbandoned) {
+			t.Fatalf("call ended with %v; want ErrAbandoned", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the abandoned call was not cut")
+	}
+}
+
+func (c *longCall) notCut(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-c.cut:
+		t.Fatalf("call cut (%v) while a caller waited", err)
+	default:
+	}
+}
+
+func abandonEvents(rec *recorder, reason string) int {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	n := 0
+	for _, e := range rec.events {
+		if e.Kind == EventAbandoned && e.Reason == reason {
+			n++
+		}
+	}
+	return n
+}
+
+func TestCallNobodyWaitsForIsCut(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			rec := newRecorder()
+			grace := 50 * time.Millisecond
+			g := b.group(t, Options{AbandonGrace: grace, Observer: rec, ResultTTL: time.Minute})
+			c := newLongCall()
+			key := uniqueKey()
+			r := firstChunk(t, g, key, c.fn)
+			left := time.Now()
+			r.Close()
+			c.waitCut(t)
+			if d := time.Since(left); d < grace {
+				t.Errorf("cut %v after the caller left; want at least the grace %v", d, grace)
+			}
+			rec.waitMatch(t, "a cancelled spell", func(e Event) bool { return e.Kind == EventAbandoned && e.Reason == abandonCancelled }, 5*time.Second)
+
+			// The next caller starts a new call at once and gets its whole answer.
+			close(c.release)
+			r2, err := g.Do(key, false, c.fn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := readAll(context.Background(), r2)
+			if got.err != nil || got.body != c.whole(2) || got.role != RoleOwner {
+				t.Fatalf("after the cut: %q %v %v; want the whole second call as owner", got.body, got.role, got.err)
+			}
+		})
+	}
+}
+
+func TestCallerBackWithinGraceGetsTheWholeCall(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			rec := newRecorder()
+			g := b.group(t, Options{AbandonGrace: time.Hour, Observer: rec})
+			c := newLongCall()
+			key := uniqueKey()
+			firstChunk(t, g, key, c.fn).Close()
+			r2, err := g.Do(key, false, c.fn) // an SDK's retry, within the grace
+			if err != nil {
+				t.Fatal(err)
+			}
+			close(c.release)
+			got := readAll(context.Background(), r2)
+			if got.err != nil || got.body != c.whole(1) || c.calls.Load() != 1 {
+				t.Fatalf("rejoined: %q %v, %d calls; want the whole first call", got.body, got.err, c.calls.Load())
+			}
+			c.notCut(t)
+			if n := abandonEvents(rec, abandonRejoined); n != 1 {
+				t.Errorf("%d rejoined spells; want 1", n)
+			}
+		})
+	}
+}
+
+func TestFinishKeepsACallNobodyWaitsFor(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			rec := newRecorder()
+			g := b.group(t, Options{AbandonGrace: time.Millisecond, HeartbeatInterval: 20 * time.Millisecond,
+				LeaseTTL: time.Second, Observer: rec, ResultTTL: time.Minute})
+			c := newLongCall()
+			key := uniqueKey()
+			r, err := g.DoWith(key, CallOptions{Finish: true}, c.fn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := r.Next(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			r.Close()
+			if b.redis != nil {
+				// Renewals that would cut it, were it not to finish.
+				rounds := g.coord.(*remote).renewer.round.Load()
+				waitCond(t, 5*time.Second, "three renewal rounds", func() bool { return g.coord.(*remote).renewer.round.Load() >= rounds+3 })
+			} else {
+				time.Sleep(50 * time.Millisecond) // fifty graces: nothing to wait on when nothing is to happen
+			}
+			c.notCut(t)
+			close(c.release)
+			rec.waitMatch(t, "a finished spell", func(e Event) bool { return e.Kind == EventAbandoned && e.Reason == abandonFinished }, 5*time.Second)
+			got := storeOne(t, g, key, "unused")
+			if got.role != RoleHit || got.body != c.whole(1) {
+				t.Fatalf("after the finished call: %v %q; want a hit of it", got.role, got.body)
+			}
+		})
+	}
+}
+
+// An inline caller cannot close its Reader while it leads: its Context tells that it left.
+func TestInlineCallerWhoseContextEndsIsCut(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			g := b.group(t, Options{AbandonGrace: 10 * time.Millisecond})
+			c := newLongCall()
+			ctx, cancel := context.WithCancel(context.Background())
+			running := make(chan struct{}, 1)
+			led := doAsync(t, g, uniqueKey(), CallOptions{Inline: true, Context: ctx}, started(running, c.fn))
+			<-running
+			cancel()
+			c.waitCut(t)
+			(<-led).Close()
+		})
+	}
+}
+
+// twoInstances returns two Groups on one Redis, with fast renewals unless slow: then only
+// the grace's own request asks a's flights to be cut.
+func twoInstances(t *testing.T, grace time.Duration, slow bool) (a, b *Group, rec *recorder) {
+	srv := backend{name: "redis", redis: redistest.Start(t)}
+	rec = newRecorder()
+	o := Options{AbandonGrace: grace, HeartbeatInterval: 50 * time.Millisecond, LeaseTTL: 2 * time.Second, ResultTTL: time.Minute}
+	oa := o
+	oa.Observer = rec
+	if slow {
+		oa.HeartbeatInterval, oa.LeaseTTL = time.Hour, 3*time.Hour
+	}
+	return srv.group(t, oa), srv.group(t, o), rec
+}
+
+func TestFollowerElsewhereKeepsTheCallUntilItLeaves(t *testing.T) {
+	grace := 100 * time.Millisecond
+	a, b, _ := twoInstances(t, grace, false)
+	c := newLongCall()
+	key := uniqueKey()
+	owner := firstChunk(t, a, key, c.fn)
+	follower := firstChunk(t, b, key, c.fn)
+	owner.Close()
+	// The owner's renewals ask for a cut every round; the follower elsewhere refuses it.
+	rn := a.coord.(*remote).renewer
+	rounds := rn.round.Load()
+	waitCond(t, 5*time.Second, "five renewal rounds", func() bool { return rn.round.Load() >= rounds+5 })
+	c.notCut(t)
+
+	follower.Close()
+	left := time.Now()
+	c.waitCut(t)
+	if d := time.Since(left); d < grace {
+		t.Errorf("cut %v after the last caller left elsewhere; want at least the grace %v", d, grace)
+	}
+	if n := c.calls.Load(); n != 1 {
+		t.Fatalf("%d calls; want 1", n)
+	}
+	// Redis ended the flight: a caller on either instance starts anew at once.
+	close(c.release)
+	got := readAll(context.Background(), mustDo(t, b, key, c.fn))
+	if got.err != nil || got.body != c.whole(2) || got.role != RoleOwner {
+		t.Fatalf("after the cut: %q %v %v; want the whole second call as owner", got.body, got.role, got.err)
+	}
+}
+
+func TestFollowerElsewhereGetsTheWholeAnswerOfAnAbandonedOwner(t *testing.T) {
+	a, b, _ := twoInstances(t, 10*time.Millisecond, false)
+	c := newLongCall()
+	key := uniqueKey()
+	owner := firstChunk(t, a, key, c.fn)
+	follower, err := b.Do(key, false, c.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, 5*time.Second, "b follows", func() bool { return b.flightRole(key) == RoleFollower })
+	owner.Close()
+	rn := a.coord.(*remote).renewer
+	rounds := rn.round.Load()
+	waitCond(t, 5*time.Second, "three renewal rounds", func() bool { return rn.round.Load() >= rounds+3 })
+	close(c.release)
+	got := readAll(context.Background(), follower)
+	if got.err != nil || got.body != c.whole(1) || got.role != RoleFollower {
+		t.Fatalf("follower: %q %v %v; want the whole call", got.body, got.role, got.err)
+	}
+	c.notCut(t)
+}
+
+// A caller that joins elsewhere just before the cut is asked keeps the call; one that looks
+// after Redis cut it starts a new call: neither gets an error or part of an answer.
+func TestJoinElsewhereRacingTheCut(t *testing.T) {
+	for _, first := range []string{"join", "cut"} {
+		t.Run(first+" first", func(t *testing.T) {
+			a, b, _ := twoInstances(t, 20*time.Millisecond, true)
+			c := newLongCall()
+			key := uniqueKey()
+			var joined *Reader
+			join := func() {
+				var err error
+				if joined, err = b.Do(key, false, c.fn); err != nil {
+					t.Error(err)
+				}
+				waitCond(t, 5*time.Second, "b decides", func() bool { return b.flightRole(key) != RoleUnknown })
+			}
+			asked := make(chan bool, 1)
+			a.hooks.cutAsked = func(cut bool) {
+				if first == "cut" {
+					join()
+				}
+				asked <- cut
+			}
+			owner := firstChunk(t, a, key, c.fn)
+			if first == "join" {
+				join()
+			}
+			owner.Close()
+			cut := <-asked
+			if cut != (first == "cut") {
+				t.Fatalf("cut = %v; want %v", cut, first == "cut")
+			}
+			want, role, calls := c.whole(1), RoleFollower, int32(1)
+			if first == "cut" {
+				want, role, calls = c.whole(2), RoleOwner, 2
+				c.waitCut(t)
+			}
+			close(c.release)
+			got := readAll(context.Background(), joined)
+			if got.err != nil || got.body != want || got.role != role || c.calls.Load() != calls {
+				t.Fatalf("joined: %q %v %v, %d calls; want %q as %v, %d calls", got.body, got.role, got.err, c.calls.Load(), want, role, calls)
+			}
+		})
+	}
+}
+
+// A caller that joins here while Redis cuts the flight keeps the call: it is served the
+// whole answer by this process alone.
+func TestJoinHereRacingTheCutKeepsTheCall(t *testing.T) {
+	a, _, _ := twoInstances(t, 20*time.Millisecond, true)
+	c := newLongCall()
+	key := uniqueKey()
+	joined := make(chan *Reader, 1)
+	a.hooks.cutAsked = func(cut bool) {
+		if !cut {
+			t.Error("Redis did not cut a flight nobody waited for")
+		}
+		joined <- mustDo(t, a, key, c.fn)
+	}
+	firstChunk(t, a, key, c.fn).Close()
+	r := <-joined
+	close(c.release)
+	got := readAll(context.Background(), r)
+	if got.err != nil || got.body != c.whole(1) || c.calls.Load() != 1 {
+		t.Fatalf("joined at the cut: %q %v, %d calls; want the whole first call", got.body, got.err, c.calls.Load())
+	}
+	c.notCut(t)
+}
+
+func mustDo(t *testing.T, g *Group, key string, fn Func) *Reader {
+	t.Helper()
+	r, err := g.Do(key, false, fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// Marks of an earlier flight's callers do not keep a new flight of the same key.
+func TestNewFlightIsCutDespiteAnEarlierFlightsFollowers(t *testing.T) {
+	a, b, _ := twoInstances(t, 10*time.Millisecond, false)
+	c := newLongCall()
+	key := uniqueKey()
+	owner := firstChunk(t, a, key, c.fn)
+	defer owner.Close()
+	follower := firstChunk(t, b, key, c.fn)
+	close(c.release)
+	if got := readAll(context.Background(), follower); got.err != nil || !strings.HasSuffix(got.body, "second\n\n") {
+		t.Fatalf("first flight: %q %v", got.body, got.err)
+	}
+	c.release = make(chan struct{})
+	r, err := a.DoWith(key, CallOptions{NoCache: true}, c.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Next(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	c.waitCut(t)
+}
