@@ -94,8 +94,8 @@ func (o *remoteOwnership) renewArgs() []any {
 }
 
 // cutArgs are what renew.lua needs to cut a call nobody waits for (ADR 0074): how long
-// nobody has waited here ('' while one does, or one asked to finish), the instance whose
-// mark a cut does not count ('' when another local flight of the key follows here), and
+// nobody has waited here (” while one does, or one asked to finish), the instance whose
+// mark a cut does not count (” when another local flight of the key follows here), and
 // the callers waiting here.
 func (o *remoteOwnership) cutArgs() (idle, self string, callers int) {
 	f, g := o.f, o.r.g
