@@ -66,13 +66,16 @@ var takeoverReasons = []string{"expired", "failed", "shutdown", "degraded"}
 // redisOps are the coordinator operations singleflight names in EventRedisError (and the
 // start-up check, "ping"), pre-initialised so that an alert on redis_errors_total sees 0
 // before the first error. An operation not listed is still counted under its own name.
-var redisOps = []string{"lookup", "claim", "incr", "renew", "append", "complete", "fail", "xread", "subscribe", "namespace", "ping"}
+var redisOps = []string{"lookup", "claim", "incr", "renew", "append", "complete", "fail", "xread", "subscribe", "namespace", "ping", "unwait"}
 
 // flightRoles are the roles a local flight can be given (EventRole), pre-initialised too.
 var flightRoles = []string{"owner", "follower", "hit"}
 
 // purgeKinds are the kinds of purge (EventPurge, EventInvalidated), pre-initialised too.
 var purgeKinds = []string{"answer", "namespace"}
+
+// abandonOutcomes are the outcomes singleflight reports for EventAbandoned (ADR 0074).
+var abandonOutcomes = []string{"cancelled", "finished", "rejoined"}
 
 // invalidationKinds are purgeKinds and "all", which is not pre-initialised: it only
 // happens when a subscription was lost.
@@ -108,6 +111,8 @@ type Metrics struct {
 	followerWait      prometheus.Histogram
 	purges            *prometheus.CounterVec
 	invalidations     *prometheus.CounterVec
+	abandoned         *prometheus.CounterVec
+	abandonedBytes    prometheus.Counter
 
 	models modelSet
 
@@ -244,7 +249,20 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name:      "purge_invalidations_total",
 			Help:      "Purges applied to this instance's memory as they arrived from any instance, by kind (answer, namespace; all: everything after a lost subscription).",
 		}, []string{"kind"}),
+		abandoned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "abandoned_flights_total",
+			Help:      "Calls owned here that no client of this instance waited for any more, by how that ended: cancelled (cut after the grace, nobody waiting anywhere), rejoined (a client came back within the grace), finished (ran to its end: clients elsewhere waited, one asked to finish, or Redis could not be asked).",
+		}, []string{"outcome"}),
+		abandonedBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "abandoned_bytes_total",
+			Help:      "Bytes of answers that calls owned here received from the upstream while no client of this instance waited for them.",
+		}),
 		models: modelSet{max: MaxModels},
+	}
+	for _, o := range abandonOutcomes {
+		m.abandoned.WithLabelValues(o)
 	}
 	for _, k := range purgeKinds {
 		m.purges.WithLabelValues(k)
@@ -264,7 +282,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.savedRequests, m.savedTokens, m.waiting,
 		m.inflight, m.roles, m.takeovers, m.leaseLost, m.fencedWrites,
 		m.heartbeatFailures, m.redisErrors, m.degraded, m.followerWait,
-		m.purges, m.invalidations,
+		m.purges, m.invalidations, m.abandoned, m.abandonedBytes,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

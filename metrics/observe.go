@@ -46,6 +46,9 @@ func (m *Metrics) Observe(e singleflight.Event) {
 		m.invalidations.WithLabelValues(bounded(e.Op, invalidationKinds)).Inc()
 	case singleflight.EventWait:
 		m.followerWait.Observe(e.Duration.Seconds())
+	case singleflight.EventAbandoned:
+		m.abandoned.WithLabelValues(bounded(e.Reason, abandonOutcomes)).Inc()
+		m.abandonedBytes.Add(float64(e.Bytes))
 	}
 }
 

@@ -88,7 +88,7 @@ func (p *Proxy) join(w http.ResponseWriter, r *http.Request, route string, req h
 	}
 	rd, err := p.cfg.Flights.DoWith(req.Key, singleflight.CallOptions{
 		NoCache: cc.noCache, MaxAge: cc.maxAge, Route: route, Model: shortModel(req.Model), Inline: inline,
-		Trace: trace.SpanContextFromContext(r.Context()),
+		Trace: trace.SpanContextFromContext(r.Context()), Finish: cc.finish, Context: r.Context(),
 	}, fn)
 	if inline {
 		p.cfg.Recorder.WaitingAdd(-1)

@@ -11,6 +11,10 @@ const (
 	HeaderRole   = "X-Dedupe-Role"
 	HeaderKey    = "X-Dedupe-Key"
 	HeaderBypass = "X-Dedupe-Bypass"
+	// HeaderAbandoned is a request's wish for its call once no client waits for it:
+	// "finish" (run it to its end and keep its answer) or "cancel" (cut it). Any client of a
+	// flight that asks finish makes it finish. See ADR 0074.
+	HeaderAbandoned = "X-Dedupe-Abandoned"
 )
 
 // listItems yields the items of a header that holds a comma-separated list, over all of

@@ -74,5 +74,11 @@ func (p *Proxy) keyOf(w http.ResponseWriter, r *http.Request, body []byte) (hash
 	if genErr != nil {
 		cc.noCache, cc.noStore = true, true
 	}
+	var ok bool
+	if cc.finish, ok = finishAbandoned(r.Header, p.cfg.FinishAbandoned); !ok {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_abandoned",
+			HeaderAbandoned+" must be finish or cancel, sent once")
+		return hashing.Request{}, controls{}, false
+	}
 	return req, cc, true
 }

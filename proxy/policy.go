@@ -111,6 +111,26 @@ func (s *toolCallScan) Read(p []byte) (int, error) {
 type controls struct {
 	noCache, noStore bool
 	maxAge           time.Duration // > 0: a stored answer no older than this
+	finish           bool          // the call runs to its end even when nobody waits (ADR 0074)
+}
+
+// finishAbandoned reads HeaderAbandoned, def when it is absent; false ok for a value that
+// is neither finish nor cancel, or more than one.
+func finishAbandoned(h http.Header, def bool) (finish, ok bool) {
+	vs := h.Values(HeaderAbandoned)
+	switch {
+	case len(vs) == 0:
+		return def, true
+	case len(vs) > 1:
+		return false, false
+	}
+	switch strings.ToLower(strings.TrimSpace(vs[0])) {
+	case "finish":
+		return true, true
+	case "cancel":
+		return false, true
+	}
+	return false, false
 }
 
 // cacheControl reads no-cache, no-store and max-age=N. max-age=0 is no-cache: a stored

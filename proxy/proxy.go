@@ -88,6 +88,10 @@ type Config struct {
 	// NoStoreToolCalls shares answers that ask the client to call a tool with their
 	// flight, but does not store them.
 	NoStoreToolCalls bool
+	// FinishAbandoned runs a call to its end, and keeps its answer, when no client waits for
+	// it any more, for requests that do not say otherwise (HeaderAbandoned). If false, such
+	// a call is cut after the Flights' grace. See ADR 0074.
+	FinishAbandoned bool
 }
 
 // DefaultPaths are the OpenAI routes whose identical requests give interchangeable answers.

@@ -64,6 +64,8 @@ type FlightConfig struct {
 	StreamMaxLen      int64         `mapstructure:"stream_maxlen" help:"most entries of one answer in its Redis stream; the rest follows in one final entry"`
 	MemoryMaxEntries  int           `mapstructure:"memory_max_entries" help:"most answers kept in memory (the store without Redis, a first level with it)"`
 	MemoryMaxBytes    int64         `mapstructure:"memory_max_bytes" help:"most bytes of answers kept in memory (128 MiB); least recently used go first"`
+	Abandoned         string        `mapstructure:"abandoned" help:"a call no client waits for any more, on any instance: cancel (cut it after abandon_grace) or finish (run it to its end and keep its answer)"`
+	AbandonGrace      time.Duration `mapstructure:"abandon_grace" help:"how long a call no client waits for goes on before it is cut, so that a client's retry can join it"`
 }
 
 // LimitsConfig bounds what a client may send, how long it may take to send it, and what
@@ -134,6 +136,8 @@ func defaultConfig() Config {
 			StreamMaxLen:      10000,
 			MemoryMaxEntries:  10000,
 			MemoryMaxBytes:    128 << 20,
+			Abandoned:         "cancel",
+			AbandonGrace:      2 * time.Second,
 		},
 		Limits:  LimitsConfig{MaxBodyBytes: 10 << 20, BodyReadTimeout: 30 * time.Second, SendTimeout: 60 * time.Second, MaxResponseBytes: 64 << 20},
 		Hashing: HashingConfig{Scope: "credential", IgnoreFields: []string{"user"}},

@@ -29,6 +29,7 @@ func altConfig() Config {
 			TakeoverJitter: 100 * time.Millisecond, MaxAttempts: 5, ResultTTL: time.Hour,
 			Linger: 10 * time.Second, StreamBatchDelay: 10 * time.Millisecond,
 			StreamBatchBytes: 1024, StreamMaxLen: 500, MemoryMaxEntries: 50, MemoryMaxBytes: 1 << 20,
+			Abandoned: "finish", AbandonGrace: 7 * time.Second,
 		},
 		Limits:          LimitsConfig{MaxBodyBytes: 1 << 20, BodyReadTimeout: 5 * time.Second, SendTimeout: 20 * time.Second, MaxResponseBytes: 8 << 20},
 		Hashing:         HashingConfig{Scope: "header:X-Tenant", IgnoreFields: []string{"user", "metadata"}},

@@ -119,6 +119,12 @@ func validate(cfg Config) error {
 	c.atLeast("flight.stream_maxlen", f.StreamMaxLen, 1)
 	c.atLeast("flight.memory_max_entries", int64(f.MemoryMaxEntries), 1)
 	c.atLeast("flight.memory_max_bytes", f.MemoryMaxBytes, 1)
+	if f.Abandoned != "cancel" && f.Abandoned != "finish" {
+		c.fail("flight.abandoned", "must be cancel or finish, got %q", f.Abandoned)
+	}
+	if f.AbandonGrace < 0 {
+		c.fail("flight.abandon_grace", "must not be negative, got %s", f.AbandonGrace)
+	}
 
 	c.atLeast("limits.max_body_bytes", cfg.Limits.MaxBodyBytes, 1)
 	c.positive("limits.body_read_timeout", cfg.Limits.BodyReadTimeout)

@@ -63,6 +63,10 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 	if jitter == 0 {
 		jitter = -1 // configured as none; singleflight reads zero as "default"
 	}
+	grace := cfg.Flight.AbandonGrace
+	if grace == 0 {
+		grace = -1 // configured as none: cut at once
+	}
 	opts := singleflight.Options{
 		KeyPrefix:         cfg.Redis.KeyPrefix,
 		HeartbeatInterval: cfg.Flight.HeartbeatInterval,
@@ -79,6 +83,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		MemoryMaxEntries:  cfg.Flight.MemoryMaxEntries,
 		MaxResultTTL:      maxTTL,
 		MemoryMaxBytes:    cfg.Flight.MemoryMaxBytes,
+		AbandonGrace:      grace,
 		Observer:          &logObserver{next: m, log: logger},
 		Annotate:          proxy.AnnotateUsage,
 	}
@@ -118,6 +123,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		StoreRules: rules,
 		// Stored by default: see ADR 0049.
 		NoStoreToolCalls: !cfg.Store.ToolCalls,
+		FinishAbandoned:  cfg.Flight.Abandoned == "finish",
 	})
 	if err != nil {
 		return nil, err
