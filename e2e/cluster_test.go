@@ -136,7 +136,8 @@ func (f *fake) timeTo(want fakeupstream.Stats, d time.Duration) func() time.Dura
 // instance is one proxy process.
 type instance struct {
 	*proc
-	URL string
+	URL    string
+	memory bool // on the in-memory backend: LLM_DEDUPE_REDIS_ADDRS is empty
 }
 
 // cluster is a redis-server, the fake upstream and proxy processes sharing them.
@@ -225,7 +226,7 @@ func (c *cluster) start() *instance {
 	}
 	p := startProc(c.t, name, proxyBin, env, "serve")
 	l, _ := p.waitLine(0, 15*time.Second, `"listening"`, msgIs("listening"))
-	in := &instance{proc: p, URL: "http://" + parseLog(l)["addr"].(string)}
+	in := &instance{proc: p, URL: "http://" + parseLog(l)["addr"].(string), memory: slices.Contains(env, "LLM_DEDUPE_REDIS_ADDRS=")}
 	in.waitReady(10 * time.Second)
 	c.ins = append(c.ins, in)
 	return in
@@ -252,9 +253,13 @@ func (in *instance) readyz() (readiness, error) {
 
 func (in *instance) waitReady(d time.Duration) {
 	in.t.Helper()
-	redistest.WaitUntil(in.t, d, in.name+" ready on the redis backend", func() (bool, string) {
+	want := "redis"
+	if in.memory {
+		want = "memory"
+	}
+	redistest.WaitUntil(in.t, d, in.name+" ready on the "+want+" backend", func() (bool, string) {
 		r, err := in.readyz()
-		return err == nil && r.Code == 200 && r.Backend == "redis" && !r.Degraded, fmt.Sprintf("%+v %v", r, err)
+		return err == nil && r.Code == 200 && r.Backend == want && !r.Degraded, fmt.Sprintf("%+v %v", r, err)
 	})
 }
 

@@ -42,13 +42,14 @@ type sseClient struct {
 	changed  chan struct{} // closed and replaced when bytes arrive or the answer ends
 	finished chan struct{} // closed when res is set
 	res      streamResult
+	leave    context.CancelFunc // the client disconnects
 }
 
 // openSSE sends a streaming chat request with the given extra header pairs.
 func openSSE(base, body, apiKey string, hdr ...string) *sseClient {
-	s := &sseClient{changed: make(chan struct{}), finished: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(context.Background(), clientTimeout)
+	s := &sseClient{changed: make(chan struct{}), finished: make(chan struct{}), leave: cancel}
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), clientTimeout)
 		defer cancel()
 		var r streamResult
 		defer func() {

@@ -45,6 +45,8 @@ type FlightJSON struct {
 	LeaseLeftMs int64  `json:"lease_left_ms"`
 	Route       string `json:"route"`
 	Model       string `json:"model"`
+	// Waiting is how many clients wait for the flight, by instance id (ADR 0074).
+	Waiting map[string]int `json:"waiting"`
 }
 
 // FlightsJSON is the answer of GET /admin/flights.
@@ -128,6 +130,7 @@ func (a *admin) flights(w http.ResponseWriter, r *http.Request) {
 		out.Flights = append(out.Flights, FlightJSON{
 			Key: f.Key, State: f.State, Owner: f.Owner, Attempt: f.Attempt,
 			AgeMs: f.Age.Milliseconds(), LeaseLeftMs: f.LeaseLeft.Milliseconds(), Route: f.Route, Model: f.Model,
+			Waiting: f.Waiting,
 		})
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -164,10 +165,14 @@ func (c *upstreamCall) answer(r io.Reader) io.Reader {
 	return &c.scan
 }
 
-// end ends the call's span with its status and what its answer says of itself.
-func (c *upstreamCall) end(code int, err error) {
+// end ends the call's span with its status and what its answer says of itself, marked
+// abandoned when the call was cut because nobody waited for it (ADR 0074).
+func (c *upstreamCall) end(ctx context.Context, code int, err error) {
 	if c == nil {
 		return
+	}
+	if errors.Is(context.Cause(ctx), singleflight.ErrAbandoned) {
+		c.span.SetAttributes(tracing.Abandoned.Bool(true))
 	}
 	if code != 0 {
 		c.span.SetAttributes(semconv.HTTPResponseStatusCode(code))

@@ -59,7 +59,7 @@ func (p *Proxy) ownerFunc(route string, req hashing.Request, r *http.Request, bo
 		if err != nil {
 			p.cfg.Recorder.Upstream(call.spanContext(ctx), route, 0, time.Since(start))
 			p.logFailure(route, key, err)
-			call.end(0, err)
+			call.end(ctx, 0, err)
 			return transportFailure(ctx, err), err
 		}
 		defer resp.Body.Close()
@@ -107,7 +107,7 @@ func (p *Proxy) ownerFunc(route string, req hashing.Request, r *http.Request, bo
 			p.logFailure(route, key, err)
 		}
 		p.cfg.Recorder.Upstream(call.spanContext(ctx), route, code, time.Since(start))
-		call.end(code, err)
+		call.end(ctx, code, err)
 		res.Head.Origin = head.Origin
 		return res, err
 	}

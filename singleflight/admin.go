@@ -22,6 +22,9 @@ type FlightInfo struct {
 	LeaseLeft time.Duration // what remains of the owner's lease (Redis only)
 	Route     string
 	Model     string
+	// Waiting is how many callers wait for the flight, by instance id: the owner's as of its
+	// last renewal, a follower instance's as of its last look (ADR 0074).
+	Waiting map[string]int
 }
 
 // flightsScanBatch is one SCAN's COUNT; flightsMaxScans bounds them per server (ADR 0050).
@@ -49,7 +52,8 @@ func (g *Group) localFlights(limit int) ([]FlightInfo, bool) {
 		f.mu.Lock()
 		running := !f.ended && f.role != RoleHit
 		info := FlightInfo{Key: f.key, State: "running", Owner: g.opts.InstanceID, Attempt: max(f.attempts, 1),
-			Age: time.Since(f.started), Route: f.call.Route, Model: f.call.Model}
+			Age: time.Since(f.started), Route: f.call.Route, Model: f.call.Model,
+			Waiting: map[string]int{g.opts.InstanceID: f.waiting()}}
 		f.mu.Unlock()
 		if !running {
 			continue
@@ -120,9 +124,9 @@ func (r *remote) scanFlights(ctx context.Context, c redis.Cmdable, limit int) ([
 	}
 	pipe := c.Pipeline()
 	now := pipe.Time(ctx)
-	fields := make([]*redis.SliceCmd, len(keys))
+	fields := make([]*redis.MapStringStringCmd, len(keys))
 	for i, k := range keys {
-		fields[i] = pipe.HMGet(ctx, k, "state", "owner", "lease_until", "attempt", "created", "route", "model")
+		fields[i] = pipe.HGetAll(ctx, k) // the marks of followers' instances have their ids in their names
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, false, err
@@ -131,21 +135,31 @@ func (r *remote) scanFlights(ctx context.Context, c redis.Cmdable, limit int) ([
 	nowMs := t.UnixMilli()
 	var out []FlightInfo
 	for i, k := range keys {
-		v := fields[i].Val()
-		state := str(v, 0)
+		m := fields[i].Val()
+		state := m["state"]
 		if state != "R" && state != "F" {
-			continue // done, or gone since the SCAN
+			continue // done, cut, or gone since the SCAN
 		}
+		v := []any{m["owner"], m["lease_until"], m["attempt"], m["created"], m["oc"]}
 		info := FlightInfo{
 			Key:     strings.TrimSuffix(strings.TrimPrefix(k, prefix), "}"),
 			State:   "running",
-			Owner:   str(v, 1),
-			Attempt: int(num(v, 3)),
-			Age:     time.Duration(nowMs-num(v, 4)) * time.Millisecond,
-			Route:   str(v, 5),
-			Model:   str(v, 6),
+			Owner:   str(v, 0),
+			Attempt: int(num(v, 2)),
+			Age:     time.Duration(nowMs-num(v, 3)) * time.Millisecond,
+			Route:   m["route"],
+			Model:   m["model"],
+			Waiting: map[string]int{},
 		}
-		left := num(v, 2) - nowMs
+		if _, ok := m["oc"]; ok { // written by each renewal
+			info.Waiting[info.Owner] = int(num(v, 4))
+		}
+		for f, n := range m {
+			if id, ok := strings.CutPrefix(f, "w:"); ok && id != info.Owner {
+				info.Waiting[id] = int(num([]any{n}, 0))
+			}
+		}
+		left := num(v, 1) - nowMs
 		switch {
 		case state == "F":
 			info.State = "failed"

@@ -24,6 +24,7 @@ const (
 	Attempt    = attribute.Key("llm_dedupe.attempt")     // the attempt that made the answer (1, 2, ...)
 	Namespace  = attribute.Key("llm_dedupe.namespace")   // X-Dedupe-Namespace, when set
 	Takeover   = attribute.Key("llm_dedupe.takeover")    // why an owner took the flight over
+	Abandoned  = attribute.Key("llm_dedupe.abandoned")   // the call was cut: no client waited for it (ADR 0074)
 	LinkReason = attribute.Key("llm_dedupe.link.reason") // on a link to the origin: follower, hit, takeover
 )
 

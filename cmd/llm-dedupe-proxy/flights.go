@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -69,14 +71,14 @@ func (a *app) flights(args []string) int {
 		return 1
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tSTATE\tOWNER\tATTEMPT\tAGE\tLEASE LEFT\tROUTE\tMODEL")
+	fmt.Fprintln(tw, "KEY\tSTATE\tOWNER\tATTEMPT\tAGE\tLEASE LEFT\tWAITING\tROUTE\tMODEL")
 	for _, f := range list.Flights {
 		lease := "-"
 		if f.LeaseLeftMs > 0 {
 			lease = ms(f.LeaseLeftMs)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", shown(f.Key), shown(f.State), shown(f.Owner), f.Attempt, ms(f.AgeMs), lease,
-			shown(f.Route), shown(f.Model))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", shown(f.Key), shown(f.State), shown(f.Owner), f.Attempt, ms(f.AgeMs), lease,
+			waiting(f.Waiting), shown(f.Route), shown(f.Model))
 	}
 	_ = tw.Flush()
 	more := ""
@@ -89,6 +91,19 @@ func (a *app) flights(args []string) int {
 	}
 	fmt.Fprintf(a.stdout, "%d %s in progress (%s)%s\n", len(list.Flights), noun, list.Backend, more)
 	return 0
+}
+
+// waiting is how many clients wait per instance, by id: "5f0c=1,b7c2=3".
+func waiting(w map[string]int) string {
+	if len(w) == 0 {
+		return "-"
+	}
+	ids := slices.Sorted(maps.Keys(w))
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = shown(id) + "=" + strconv.Itoa(w[id])
+	}
+	return strings.Join(parts, ",")
 }
 
 // shown is s as it may be printed to a terminal: a client chose the model (and Redis holds

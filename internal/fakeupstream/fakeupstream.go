@@ -46,6 +46,10 @@ type Call struct {
 	Body          string `json:"body"`
 	Proto         string `json:"proto"`                 // HTTP/1.1, HTTP/2.0
 	Traceparent   string `json:"traceparent,omitempty"` // the W3C trace context it was sent
+	// Sent is how many events (of a stream) it sent; CutAt, when its client closed it
+	// before the end (zero if it did not).
+	Sent  int       `json:"sent"`
+	CutAt time.Time `json:"cut_at,omitzero"`
 }
 
 // Stats are the counters of an Upstream, as GET /_fake/stats and /_fake/wait answer them.
@@ -217,7 +221,7 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if status != 0 {
 		if !wait(b.Delay) || (b.Hold && !waitHold(r, hold)) {
-			u.count(&u.abandoned)
+			u.cut(n, 0)
 			return
 		}
 		if status == http.StatusTooManyRequests && b.RetryAfter != "" {
@@ -234,7 +238,7 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !wait(b.Delay) || (b.Hold && !waitHold(r, hold)) {
-		u.count(&u.abandoned)
+		u.cut(n, 0)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -276,21 +280,47 @@ func (u *Upstream) stream(w http.ResponseWriter, r *http.Request, n int64, model
 	if chunks <= 0 {
 		chunks = 5
 	}
-	for _, ev := range StreamEvents(r.URL.Path, n, model, chunks, usage) {
+	for i, ev := range StreamEvents(r.URL.Path, n, model, chunks, usage) {
 		if ev.Last && b.Hold && !waitHold(r, hold) {
-			u.count(&u.abandoned)
+			u.cut(n, i)
 			return
 		}
 		if !wait(b.Delay) {
-			u.count(&u.abandoned)
+			u.cut(n, i)
 			return
 		}
 		if _, err := io.WriteString(w, ev.Text); err != nil || rc.Flush() != nil {
-			u.count(&u.abandoned)
+			u.cut(n, i)
+			return
+		}
+		u.sent(n, i+1)
+	}
+	u.count(&u.completed)
+}
+
+// cut records that call n's client closed it after sent events, and counts it abandoned.
+func (u *Upstream) cut(n int64, sent int) {
+	now := time.Now()
+	u.mu.Lock()
+	for i := range u.log {
+		if u.log[i].N == n {
+			u.log[i].Sent, u.log[i].CutAt = sent, now
+		}
+	}
+	u.mu.Unlock()
+	u.count(&u.abandoned)
+}
+
+// sent records that call n has sent that many events.
+func (u *Upstream) sent(n int64, sent int) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for i := len(u.log) - 1; i >= 0; i-- {
+		if u.log[i].N == n {
+			u.log[i].Sent = sent
 			return
 		}
 	}
-	u.count(&u.completed)
 }
 
 // Event is one SSE event of a stream.
