@@ -25,7 +25,8 @@
 //
 // With the prefix P (default "ai:flight") and the key K:
 //
-//	P:meta:{K}    hash    state R|D|F, token, owner, lease_until, attempt, created, gen, n, route, model
+//	P:meta:{K}    hash    state R|D|F|A, token, owner, lease_until, attempt, created, gen, n, route, model;
+//	                      w:ID (instance ID follows), w (their count), left, finish, oc (ADR 0074)
 //	P:stream:{K}  stream  gen, chunk, done, failed entries, each with the writer's token
 //	                      (done also has landed: when it was written, µs; see answered.go)
 //	P:result:{K}  hash    status, header, body, at, token, landed   (only for a stored outcome)
@@ -76,6 +77,9 @@
 //   - Not after the answer: a caller that may have joined once it landed looks again
 //     (ADR 0021).
 //   - No call nobody can use; attempts are bounded by MaxAttempts (ADR 0026).
+//   - No call nobody waits for: once no caller anywhere has waited for AbandonGrace, the
+//     owner's renewal cuts the flight in Redis (state A) and the call is cancelled with
+//     ErrAbandoned; followers mark the meta, and unmark it when they leave (ADR 0074).
 //   - Owner code never hangs a follower: a panic is recovered and fails the attempt.
 //
 // # Outcomes
@@ -136,6 +140,7 @@
 //     park.go: waiting without a goroutine.
 //   - owner.go, remote_owner.go, writer.go, renewer.go: owning an attempt.
 //   - decision.go: typed replies of lua/*.lua; batch.go: group commit (ADR 0016).
+//   - abandon.go: who still waits, and the cut of a call nobody waits for (ADR 0074).
 //   - degrade.go, refusal.go, check.go: a failing Redis; answered.go: the fence;
 //     purge.go: purges; cache.go, store.go: answers kept in memory (ADR 0028).
 package singleflight
