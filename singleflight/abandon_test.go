@@ -351,3 +351,26 @@ func TestNewFlightIsCutDespiteAnEarlierFlightsFollowers(t *testing.T) {
 	r.Close()
 	c.waitCut(t)
 }
+
+// The flights listing shows how many callers wait on each instance.
+func TestFlightsListCallersPerInstance(t *testing.T) {
+	a, b, _ := twoInstances(t, time.Hour, false)
+	c := newLongCall()
+	key := uniqueKey()
+	owner := firstChunk(t, a, key, c.fn)
+	defer owner.Close()
+	follower := firstChunk(t, b, key, c.fn)
+	defer follower.Close()
+	rn := a.coord.(*remote).renewer
+	rounds := rn.round.Load()
+	waitCond(t, 5*time.Second, "a renewal round", func() bool { return rn.round.Load() >= rounds+2 })
+	list, _, err := b.Flights(context.Background(), 0)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("flights: %+v %v; want one", list, err)
+	}
+	want := map[string]int{a.opts.InstanceID: 1, b.opts.InstanceID: 1}
+	if got := list[0].Waiting; len(got) != 2 || got[a.opts.InstanceID] != 1 || got[b.opts.InstanceID] != 1 {
+		t.Errorf("waiting %v; want %v", got, want)
+	}
+	close(c.release)
+}
