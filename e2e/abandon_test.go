@@ -256,3 +256,37 @@ func TestHerdThatLeavesAtRandom(t *testing.T) {
 		})
 	}
 }
+
+// An owner whose own client gave up goes on for a follower elsewhere; killed (-9), it is
+// taken over as any owner is, and the follower gets the new call's whole answer.
+func TestAbandonedOwnerKilledIsTakenOver(t *testing.T) {
+	c := abandonCluster(t, 2, nil)
+	c.fake.set(fakeupstream.Behavior{Hold: true})
+	model := "e2e-abandon-kill"
+	body := chatBody(model, "kill the owner nobody waits on")
+	ctx, giveUp := context.WithCancel(context.Background())
+	gaveUp := make(chan struct{})
+	go func() {
+		defer close(gaveUp)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.ins[0].URL+chatPath, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+apiKeyA)
+		if resp, err := client.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	c.fake.waitFor(fakeupstream.Stats{Calls: 1}, 10*time.Second)
+	follower := postAsync(c.ins[1].URL, chatPath, body, apiKeyA)
+	waitWaiting(t, c.ins[1:], 1)
+	giveUp()
+	<-gaveUp
+	// Past the grace, the owner still runs the call for the follower elsewhere.
+	rounds := c.ins[0].metric("llm_dedupe_abandoned_flights_total", map[string]string{"outcome": "cancelled"})
+	time.Sleep(abandonGrace + 2*heartbeat) // nothing to wait on: the cut must not come
+	if s := c.fake.stats(); s.Abandoned != 0 || rounds != 0 {
+		t.Fatalf("upstream %+v, %v cut; want the call running for the follower", s, rounds)
+	}
+	c.ins[0].killHard()
+	c.fake.waitFor(fakeupstream.Stats{Calls: 2, Abandoned: 1}, 10*time.Second) // taken over
+	c.fake.release()
+	wantChat(t, "follower", <-follower, model, 2)
+}

@@ -3,6 +3,7 @@ package singleflight
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 )
 
@@ -46,11 +47,13 @@ func (f *flight) waiting() int {
 	return n
 }
 
-// callers is how many callers wait here, as a follow's mark in Redis says.
-func (f *flight) callers() int {
+// mark is what a follow's mark in Redis holds: how many callers wait here, and which local
+// flight wrote it ("3/17"), so that the unwait of an older flight leaves a newer one's mark.
+func (f *flight) mark() string {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.waiting()
+	n := max(f.waiting(), 1) // the first caller may not be counted yet
+	f.mu.Unlock()
+	return strconv.Itoa(n) + "/" + strconv.FormatUint(f.seq, 10)
 }
 
 // mayCut reports whether the idle spell may end in a cut; f.mu held.
@@ -195,13 +198,17 @@ func (r *remote) unwait(f *flight) {
 	if others {
 		return
 	}
+	if r.g.hooks.unwaiting != nil {
+		r.g.hooks.unwaiting(false)
+		defer r.g.hooks.unwaiting(true)
+	}
 	f.mu.Lock()
 	finish := f.finishAll
 	f.mu.Unlock()
 	k := r.keys(f.key)
 	ctx, cancel := r.watchedOp(r.g.ctx, k.meta)
 	defer cancel()
-	err := unwaitScript.Run(ctx, r.rdb, []string{k.meta}, r.g.opts.InstanceID, flag(finish)).Err()
+	err := unwaitScript.Run(ctx, r.rdb, []string{k.meta}, r.g.opts.InstanceID, flag(finish), "/"+strconv.FormatUint(f.seq, 10)).Err()
 	if err != nil && !errors.Is(err, context.Canceled) {
 		_ = r.redisErr("unwait", f.key, err)
 	}

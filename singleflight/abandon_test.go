@@ -374,3 +374,34 @@ func TestFlightsListCallersPerInstance(t *testing.T) {
 	}
 	close(c.release)
 }
+
+// The callers of an instance's flight leave and a new caller there starts another flight of
+// the key, which marks the flight before the first one's unwait lands: the new mark stays,
+// and the call is not cut while the new caller waits.
+func TestUnwaitOfAnOlderFlightLeavesANewerMark(t *testing.T) {
+	a, b, _ := twoInstances(t, 20*time.Millisecond, false)
+	c := newLongCall()
+	key := uniqueKey()
+	firstChunk(t, a, key, c.fn).Close() // nobody waits on the owner's instance
+	seconds, unwaited := make(chan *Reader, 1), make(chan struct{})
+	b.hooks.unwaiting = func(sent bool) {
+		if sent {
+			close(unwaited)
+			return
+		}
+		seconds <- mustDo(t, b, key, c.fn)
+		waitCond(t, 5*time.Second, "b's second flight follows", func() bool { return b.flightRole(key) == RoleFollower })
+	}
+	firstChunk(t, b, key, c.fn).Close()
+	second := <-seconds
+	<-unwaited
+	rn := a.coord.(*remote).renewer
+	rounds := rn.round.Load()
+	waitCond(t, 5*time.Second, "five renewal rounds", func() bool { return rn.round.Load() >= rounds+5 })
+	c.notCut(t)
+	close(c.release)
+	got := readAll(context.Background(), second)
+	if got.err != nil || got.body != c.whole(1) || c.calls.Load() != 1 {
+		t.Fatalf("second caller: %q %v, %d calls; want the whole first call", got.body, got.err, c.calls.Load())
+	}
+}

@@ -156,7 +156,8 @@ func (r *remote) scanFlights(ctx context.Context, c redis.Cmdable, limit int) ([
 		}
 		for f, n := range m {
 			if id, ok := strings.CutPrefix(f, "w:"); ok && id != info.Owner {
-				info.Waiting[id] = int(num([]any{n}, 0))
+				callers, _, _ := strings.Cut(n, "/")
+				info.Waiting[id] = int(num([]any{callers}, 0))
 			}
 		}
 		left := num(v, 1) - nowMs

@@ -45,6 +45,7 @@ type flight struct {
 	landed                int64
 	landedAt              time.Time // owned here: when the final write was sent
 	// Abandonment (abandon.go, ADR 0074): whether anyone still waits for the call.
+	seq        uint64      // this flight among the Group's, in its mark in Redis
 	leaderGone bool        // the leader's caller ended before it could close its Reader
 	finishAll  bool        // a caller asked that the call finish even if nobody waits
 	cut        *attemptCut // the attempt owned here, while it runs

@@ -25,6 +25,7 @@ type Group struct {
 	closed    bool
 
 	degraded atomic.Bool
+	seq      atomic.Uint64 // numbers local flights: an instance's mark in Redis names its flight
 	hooks    hooks
 	inv      invalidation // purges and namespace generations; see purge.go
 }
@@ -45,6 +46,7 @@ type hooks struct {
 	probed       func()                    // the probe of a degraded Redis asked it once
 	confirmed    func(answers bool)        // a timeout's confirmation PING ended (see confirm)
 	cutAsked     func(cut bool)            // an idle spell's grace ran out and the coordinator answered, before the call is cut
+	unwaiting    func(sent bool)           // a followed flight's callers all left: before its instance's mark is taken off, and after
 }
 
 // New returns a Group. Close it to stop its goroutines.
@@ -96,7 +98,7 @@ func (g *Group) DoWith(key string, o CallOptions, fn Func) (*Reader, error) {
 		var cancel context.CancelCauseFunc
 		ctx, cancel = context.WithCancelCause(g.ctx)
 		f = newFlight(key, lkey, o.NoCache, fn, cancel)
-		f.call, f.started = o, time.Now()
+		f.call, f.started, f.seq = o, time.Now(), g.seq.Add(1)
 		g.flights[lkey] = f
 		g.wg.Add(1)
 		if !o.Inline {

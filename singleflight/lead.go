@@ -116,7 +116,7 @@ func (l *leader) lookup() leadState {
 			return leadLocal // the token's owner-seq timed out: one deadline is all a caller waits
 		}
 	}
-	d, err := r.lookup(f.key, f.noCache, candidate, f.call, f.callers())
+	d, err := r.lookup(f.key, f.noCache, candidate, f.call, f.mark())
 	if err != nil {
 		return leadLocal
 	}
@@ -157,7 +157,7 @@ func (l *leader) claim() leadState {
 	if g.hooks.beforeClaim != nil {
 		g.hooks.beforeClaim()
 	}
-	d, err := r.claim(l.ctx, f.key, token, seen, l.fresh, f.call, f.callers())
+	d, err := r.claim(l.ctx, f.key, token, seen, l.fresh, f.call, f.mark())
 	if err != nil {
 		return leadLocal
 	}

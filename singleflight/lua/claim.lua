@@ -5,7 +5,7 @@
 -- ARGV[7] fresh ("1": a new caller, may restart the attempt count of a flight that gave up)
 -- ARGV[8] seen_state (R, F, D, A; '' = absent)  ARGV[9] linger_ms
 -- ARGV[10] route  ARGV[11] model   (shown by the flights listing)
--- ARGV[12] callers waiting on this instance, marked when it follows (see lookup.lua)
+-- ARGV[12] the mark of this instance's callers, written when it follows (see lookup.lua)
 -- returns {"owner", attempt, gen_id, lease_until, now_us}
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt, now_us}   (now_us: as lookup's)
 --      or {"changed"}     the meta moved on since the claimer looked: look again
