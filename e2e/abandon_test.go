@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/fakeupstream"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
 // abandonGrace is the proxies' flight.abandon_grace in these scenarios.
@@ -193,6 +194,11 @@ func TestFinishKeepsTheAbandonedCall(t *testing.T) {
 			if s := c.fake.stats(); s.Abandoned != 0 {
 				t.Fatalf("upstream %+v; want the call finished", s)
 			}
+			// The owner counts the abandoned call finished once its final write is done.
+			redistest.WaitUntil(t, 10*time.Second, "the finished call counted", func() (bool, string) {
+				n := c.ins[0].metric("llm_dedupe_abandoned_flights_total", map[string]string{"outcome": "finished"})
+				return n == 1, fmt.Sprint(n)
+			})
 			r := openSSE(c.ins[1].URL, body, apiKeyA).result()
 			want := fakeupstream.Transcript(chatPath, 1, "e2e-abandon-finish-"+how, 10, true)
 			if r.err != nil || r.role() != "hit" || r.transcript != want {
