@@ -97,7 +97,35 @@ func TestFlightsCommand(t *testing.T) {
 			}
 		})
 	}
-	if r := runCmd(t, nil, "", "flights"); r.code != 2 || !strings.Contains(r.stderr, "admin.listen is not set") {
-		t.Errorf("flights without admin.listen: status %d %s; want 2", r.code, r.stderr)
+}
+
+// TestFlightsSaysWhatToPass: flights without the admin API's address or token says which
+// flag or variable gives it, not the rule serve is held to.
+func TestFlightsSaysWhatToPass(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want []string
+	}{
+		{"no address", nil, nil, []string{"--admin.listen=HOST:PORT", "LLM_DEDUPE_ADMIN_LISTEN"}},
+		{"no token", nil, []string{"--admin.listen=127.0.0.1:9091"}, []string{"--admin.token=TOKEN", "LLM_DEDUPE_ADMIN_TOKEN"}},
+		{"no token, address from the environment", map[string]string{"LLM_DEDUPE_ADMIN_LISTEN": "127.0.0.1:9091"}, nil,
+			[]string{"--admin.token=TOKEN", "LLM_DEDUPE_ADMIN_TOKEN"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runCmd(t, tc.env, "", append([]string{"flights"}, tc.args...)...)
+			if r.code != 2 {
+				t.Errorf("status %d; want 2", r.code)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("stderr %q; want it to name %s", r.stderr, w)
+				}
+			}
+			if strings.Contains(r.stderr, "invalid config") {
+				t.Errorf("stderr %q; want what to pass, not serve's rule", r.stderr)
+			}
+		})
 	}
 }
