@@ -128,14 +128,12 @@ func (a *app) printHelp(w io.Writer, c *command, fs *flag.FlagSet) {
 		}
 		fmt.Fprintln(w, "\nRun \"llm-dedupe-proxy COMMAND -h\" for a command's flags.")
 	}
-	keys := map[string]bool{}
 	def := defaultConfig()
-	for _, s := range settings(&def) {
-		keys[s.key] = true
-	}
 	fmt.Fprintln(w, "\nFlags:")
 	fs.VisitAll(func(f *flag.Flag) {
-		if !keys[f.Name] && f.Name != "config" {
+		// A command's own flag may share a key's name (fake-upstream's --listen): what
+		// tells them apart is the kind of flag, not the name.
+		if _, isKey := f.Value.(*keyFlag); !isKey && f.Name != "config" {
 			printFlag(w, f)
 		}
 	})
