@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -56,6 +57,11 @@ func TestFlightsCommand(t *testing.T) {
 				!strings.Contains(r.stdout, "/v1/chat/completions") || !strings.Contains(r.stdout, "gpt-cli") ||
 				!strings.Contains(r.stdout, "1 flight in progress ("+backend+")") {
 				t.Errorf("flights: status %d\n%s%s", r.code, r.stdout, r.stderr)
+			}
+			// The owner is an instance one can find: in its /readyz and its /metrics.
+			if owner := ownerListed(r.stdout); owner == "" || readyzInstance(t, base) != owner ||
+				!strings.Contains(getBody(t, base+"/metrics"), `llm_dedupe_instance_info{instance_id="`+owner+`",version=`) {
+				t.Errorf("flights lists owner %q; want the instance id of /readyz (%s) and /metrics", owner, readyzInstance(t, base))
 			}
 			// The key is printed whole: the one key prints, which the admin API takes.
 			var listed string
@@ -128,4 +134,36 @@ func TestFlightsSaysWhatToPass(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ownerListed is the OWNER of the first flight flights printed.
+func ownerListed(out string) string {
+	lines := strings.Split(out, "\n")
+	if len(lines) < 2 {
+		return ""
+	}
+	if f := strings.Fields(lines[1]); len(f) > 2 {
+		return f[2]
+	}
+	return ""
+}
+
+func readyzInstance(t *testing.T, base string) string {
+	t.Helper()
+	var v struct{ Instance string }
+	if err := json.Unmarshal([]byte(getBody(t, base+"/readyz")), &v); err != nil {
+		t.Fatal(err)
+	}
+	return v.Instance
+}
+
+func getBody(t *testing.T, url string) string {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return string(b)
 }
