@@ -90,7 +90,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 	}
 	if tr != nil {
 		opts.Tracer = tr.Tracer
-		logger.Info("tracing", "exporter", "otlp")
+		logger.Info("tracing", "exporter", tr.Exporters)
 	}
 	var clients []redis.UniversalClient
 	if len(cfg.Redis.Addrs) > 0 {
