@@ -173,6 +173,12 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		u.control(w, r)
 		return
 	}
+	if r.Method == http.MethodGet && r.URL.Path == "/healthz" {
+		// Not a model call: what the image's HEALTHCHECK asks, when the fake runs in it.
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"status":"ok"}`)
+		return
+	}
 	if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/models") {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"object":"list","data":[{"id":"fake-model","object":"model","owned_by":"fake"}]}`)

@@ -138,3 +138,19 @@ func TestEmbeddingsInBase64(t *testing.T) {
 		}
 	}
 }
+
+// TestHealthzIsNoCall: GET /healthz answers 200 and counts no call, so that a health check
+// of a fake in a container leaves its counts to the requests.
+func TestHealthzIsNoCall(t *testing.T) {
+	u := New()
+	srv := httptest.NewServer(u)
+	defer srv.Close()
+	res, err := http.Get(srv.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || u.Calls() != 0 {
+		t.Errorf("GET /healthz: %d, %d calls counted; want 200 and none", res.StatusCode, u.Calls())
+	}
+}
