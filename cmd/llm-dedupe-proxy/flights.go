@@ -29,7 +29,8 @@ func (a *app) flights(args []string) int {
 		return code
 	}
 	cfg, err := cf.load(a.env)
-	// What flights needs is told as what to pass, before the rules serve is held to.
+	// What flights needs is told as what to pass, before the rules serve is held to
+	// (ADR 0054).
 	if cfg.Admin.Listen == "" {
 		fmt.Fprintln(a.stderr, "llm-dedupe-proxy flights: no admin API address: pass the running proxy's admin.listen as\n"+
 			"--admin.listen=HOST:PORT (or LLM_DEDUPE_ADMIN_LISTEN, or admin.listen in the --config file)")

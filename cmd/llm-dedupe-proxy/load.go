@@ -170,7 +170,7 @@ func (cf *configFlags) load(env map[string]string) (Config, error) {
 		}
 	}
 	// A value that came from the environment is named by its variable too: the key alone
-	// sends the user looking in a file that does not hold it.
+	// sends the user looking in a file that does not hold it (ADR 0054).
 	fromEnv := map[string]string{}
 	for _, s := range list {
 		if val, ok := getenv(s.env()); ok && val != "" && !(cf.keys[s.key] != nil && cf.keys[s.key].set) {
