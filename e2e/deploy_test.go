@@ -33,11 +33,13 @@ type composeFile struct {
 
 type composeService struct {
 	Image       string            `yaml:"image"`
+	PullPolicy  string            `yaml:"pull_policy"`
 	Build       map[string]any    `yaml:"build"`
 	Command     []string          `yaml:"command"`
 	Environment map[string]string `yaml:"environment"`
 	Ports       []string          `yaml:"ports"`
 	Volumes     []string          `yaml:"volumes"`
+	ExtraHosts  []string          `yaml:"extra_hosts"`
 	DependsOn   any               `yaml:"depends_on"`
 }
 
@@ -86,9 +88,22 @@ func hostFile(s composeService, containerPath string) string {
 	return ""
 }
 
+// publishedPort is one entry of a service's ports, with Compose's defaults applied:
+// the host address it is published on, the host port and the container's.
+type publishedPort struct{ addr, host, container string }
+
+func parsePort(t *testing.T, service, p string) publishedPort {
+	t.Helper()
+	parts := strings.Split(interpolate(p), ":")
+	if len(parts) != 3 {
+		t.Fatalf("%s: port %q; want ADDR:HOST:CONTAINER, an address given", service, p)
+	}
+	return publishedPort{parts[0], parts[1], parts[2]}
+}
+
 func TestComposeFile(t *testing.T) {
 	c := readCompose(t)
-	for _, name := range []string{"redis", "proxy-a", "proxy-b", "jaeger", "prometheus", "grafana"} {
+	for _, name := range []string{"redis", "proxy-a", "proxy-b", "fake-upstream", "jaeger", "prometheus", "grafana"} {
 		if _, ok := c.Services[name]; !ok {
 			t.Fatalf("docker-compose.yml: no service %q", name)
 		}
@@ -105,21 +120,55 @@ func TestComposeFile(t *testing.T) {
 			}
 		}
 	}
+	// No service authenticates its clients: every port is published on loopback unless
+	// PUBLISH_ADDR says otherwise.
+	for name, s := range c.Services {
+		for _, p := range s.Ports {
+			if pp := parsePort(t, name, p); pp.addr != "127.0.0.1" || !strings.Contains(p, "${PUBLISH_ADDR:-127.0.0.1}:") {
+				t.Errorf("%s: port %q is published on %q; want ${PUBLISH_ADDR:-127.0.0.1}", name, p, pp.addr)
+			}
+		}
+	}
 
-	// Two proxy instances of the image built here, on different host ports, sharing Redis.
+	// The binary's image is built once, by proxy-a; the other services that run it never
+	// try to pull it, and so never build it a second time.
+	image := c.Services["proxy-a"].Image
+	var builders []string
+	for name, s := range c.Services {
+		if s.Build != nil {
+			builders = append(builders, name)
+		}
+	}
+	if !slices.Equal(builders, []string{"proxy-a"}) {
+		t.Errorf("services with build: %v; want proxy-a alone", builders)
+	}
+	if ctx, _ := c.Services["proxy-a"].Build["context"].(string); !fileExists(filepath.Join(repoRoot, ctx, "Dockerfile")) {
+		t.Errorf("proxy-a: build context %q has no Dockerfile", ctx)
+	}
+	for _, name := range []string{"proxy-a", "proxy-b", "fake-upstream"} {
+		if s := c.Services[name]; s.Image != image || s.PullPolicy != "never" {
+			t.Errorf("%s: image %q, pull_policy %q; want proxy-a's image %q, never pulled", name, s.Image, s.PullPolicy, image)
+		}
+	}
+
+	// Two proxy instances on different host ports, sharing Redis, calling the fake upstream
+	// unless told otherwise, and able to reach the host.
 	hostPorts := map[string]bool{}
 	for _, name := range []string{"proxy-a", "proxy-b"} {
 		s := c.Services[name]
-		if ctx, _ := s.Build["context"].(string); !fileExists(filepath.Join(repoRoot, ctx, "Dockerfile")) {
-			t.Errorf("%s: build context %q has no Dockerfile", name, ctx)
-		}
-		if len(s.Ports) != 1 || !strings.HasSuffix(s.Ports[0], ":8080") {
+		if len(s.Ports) != 1 || parsePort(t, name, s.Ports[0]).container != "8080" {
 			t.Errorf("%s: ports %v; want one host port mapped to the container's 8080", name, s.Ports)
 		} else {
-			hostPorts[strings.TrimSuffix(s.Ports[0], ":8080")] = true
+			hostPorts[parsePort(t, name, s.Ports[0]).host] = true
 		}
 		if s.Environment["LLM_DEDUPE_REDIS_ADDRS"] != "redis:6379" {
 			t.Errorf("%s: LLM_DEDUPE_REDIS_ADDRS %q; want the redis service, redis:6379", name, s.Environment["LLM_DEDUPE_REDIS_ADDRS"])
+		}
+		if u := interpolate(s.Environment["LLM_DEDUPE_UPSTREAM_BASE_URL"]); u != "http://fake-upstream:9000" {
+			t.Errorf("%s: upstream %q by default; want the fake-upstream service, http://fake-upstream:9000", name, u)
+		}
+		if !slices.Contains(s.ExtraHosts, "host.docker.internal:host-gateway") {
+			t.Errorf("%s: extra_hosts %v; want host.docker.internal:host-gateway (the host, on Linux too)", name, s.ExtraHosts)
 		}
 		checkProxyEnv(t, name, s.Environment)
 		checkTraceExport(t, name, s.Environment)
@@ -127,14 +176,15 @@ func TestComposeFile(t *testing.T) {
 	if !hostPorts["8080"] || !hostPorts["8081"] {
 		t.Errorf("proxy host ports %v; want 8080 and 8081", hostPorts)
 	}
+	checkComposeFake(t, c.Services["fake-upstream"])
 
 	// Jaeger v2, its UI on the host.
 	js := c.Services["jaeger"]
 	if !strings.HasPrefix(js.Image, "jaegertracing/jaeger:2.") {
 		t.Errorf("jaeger image %q; want jaegertracing/jaeger:2.x (v2: OTLP in, all in one)", js.Image)
 	}
-	if !slices.Contains(js.Ports, "16686:16686") {
-		t.Errorf("jaeger ports %v; want the UI's, 16686:16686", js.Ports)
+	if len(js.Ports) != 1 || parsePort(t, "jaeger", js.Ports[0]) != (publishedPort{"127.0.0.1", "16686", "16686"}) {
+		t.Errorf("jaeger ports %v; want the UI's, 127.0.0.1:16686:16686", js.Ports)
 	}
 
 	// Prometheus reads the mounted deploy/prometheus/prometheus.yml and scrapes both proxies.
@@ -174,6 +224,32 @@ func TestComposeFile(t *testing.T) {
 	}
 	if f := hostFile(gs, gs.Environment["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]); f != filepath.Join(repoRoot, dashboardPath) {
 		t.Errorf("grafana home dashboard %q; want %s", gs.Environment["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"], dashboardPath)
+	}
+}
+
+// checkComposeFake runs the fake-upstream service's command as the image would (its
+// listen address moved to a free loopback port): it must listen on every interface of
+// the container on 9000, the port the proxies call and the host's is mapped to, and the
+// image's HEALTHCHECK, reading the service's LLM_DEDUPE_LISTEN, must find it healthy.
+func checkComposeFake(t *testing.T, s composeService) {
+	t.Helper()
+	if len(s.Command) == 0 || s.Command[0] != "fake-upstream" || !slices.Contains(s.Command, "--listen=0.0.0.0:9000") {
+		t.Fatalf("fake-upstream: command %v; want fake-upstream --listen=0.0.0.0:9000", s.Command)
+	}
+	if len(s.Ports) != 1 || parsePort(t, "fake-upstream", s.Ports[0]) != (publishedPort{"127.0.0.1", "9000", "9000"}) {
+		t.Errorf("fake-upstream: ports %v; want 127.0.0.1:9000:9000", s.Ports)
+	}
+	if l := s.Environment["LLM_DEDUPE_LISTEN"]; l != ":9000" {
+		t.Errorf("fake-upstream: LLM_DEDUPE_LISTEN %q; want :9000, where the image's HEALTHCHECK asks", l)
+	}
+	addr := redistest.FreeAddr(t)
+	p := startProc(t, "compose fake-upstream", proxyBin, nil, append(s.Command, "--listen="+addr)...)
+	p.waitLine(0, 15*time.Second, "the fake upstream's first line", func(l string) bool { return strings.HasPrefix(l, "fake upstream on") })
+	_, port, _ := strings.Cut(addr, ":")
+	hc := exec.Command(proxyBin, "healthcheck")
+	hc.Env = []string{"LLM_DEDUPE_LISTEN=" + strings.Replace(s.Environment["LLM_DEDUPE_LISTEN"], "9000", port, 1)}
+	if out, err := hc.CombinedOutput(); err != nil {
+		t.Errorf("the image's HEALTHCHECK against the fake upstream: %v %s; want healthy", err, out)
 	}
 }
 

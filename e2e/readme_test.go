@@ -19,11 +19,11 @@ import (
 
 // readmeSections are the parts of README.md whose console examples a newcomer runs in one
 // shell, one after the other: with no API key, then two instances on one Redis, then the
-// admin API of a third.
-var readmeSections = []string{"## Try it without an API key", "## Several instances", "### Admin API"}
+// admin API of a third, then traces of two more written to files.
+var readmeSections = []string{"## Try it without an API key", "## Several instances", "### Admin API", "### Traces"}
 
 // readmePorts are the ports the README's examples use; the test gives each a free one.
-var readmePorts = []string{"6379", "8080", "8081", "8082", "8083", "9000", "9091"}
+var readmePorts = []string{"6379", "8080", "8081", "8082", "8083", "8084", "8085", "9000", "9091"}
 
 // step is one command of a console example and the lines it prints.
 type step struct {
@@ -74,7 +74,7 @@ func TestReadmeExamples(t *testing.T) {
 	defer cancel()
 	sh := exec.CommandContext(ctx, "bash", "-c", script.String())
 	sh.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + t.TempDir()}
-	sh.Dir = repoRoot
+	sh.Dir = t.TempDir() // the files the examples write; `go run` is the built binary
 	sh.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	sh.Cancel = func() error { return syscall.Kill(-sh.Process.Pid, syscall.SIGKILL) }
 	if err := sh.Start(); err != nil {
@@ -161,6 +161,8 @@ var variable = []struct {
 	{regexp.MustCompile(`^Age: \d+`), "Age: N"},
 	{regexp.MustCompile(`"(age_ms|lease_left_ms|generation)":\d+`), `"$1":N`},
 	{regexp.MustCompile(`\b\d+(\.\d+)?(µs|ms|s)\b`), "DURATION"},
+	{regexp.MustCompile(`\b[0-9a-f]{32}\b`), "TRACE"},    // a trace id
+	{regexp.MustCompile(`\b[0-9a-f]{16}\b`), "SPAN"},     // a span id
 	{regexp.MustCompile(`\b[0-9a-f]{12}\b`), "INSTANCE"}, // an instance id: a key has 64 digits
 	{regexp.MustCompile(`\s+`), " "},
 }

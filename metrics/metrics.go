@@ -150,6 +150,20 @@ type tokenLabels struct{ model, kind string }
 
 var _ singleflight.Observer = (*Metrics)(nil)
 
+// RegisterInstance registers llm_dedupe_instance_info, 1 with the instance's id (the owner
+// the admin API lists for the flights it runs) and version as labels, so that an owner can
+// be found among the scraped instances. One series per process: see ADR 0041.
+func RegisterInstance(reg prometheus.Registerer, id, version string) {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace:   namespace,
+		Name:        "instance_info",
+		Help:        "Always 1: the instance id this process is listed as owner under, and its version.",
+		ConstLabels: prometheus.Labels{"instance_id": id, "version": version},
+	})
+	g.Set(1)
+	reg.MustRegister(g)
+}
+
 // New creates the proxy's collectors and registers them on reg, together with the Go
 // runtime and process collectors, so that one Registerer serves the whole /metrics page.
 // It panics if a collector is already registered on reg: that is a wiring mistake (New

@@ -71,6 +71,9 @@ type Config struct {
 	Paths []string
 	// Flights coordinates identical requests.
 	Flights Flights
+	// InstanceID names this instance in /readyz: the owner the admin API lists for the
+	// flights it runs.
+	InstanceID string
 	// Hasher makes request keys.
 	Hasher *hashing.Hasher
 	// Recorder receives measurements. If nil, none are taken.

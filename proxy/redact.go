@@ -24,7 +24,7 @@ func RedactURL(u string) string {
 			lower := strings.ToLower(name)
 			for _, w := range secretParams {
 				if hasValue && strings.Contains(lower, w) {
-					kv = name + "=redacted"
+					kv = name + "=" + redacted
 					break
 				}
 			}
@@ -32,8 +32,16 @@ func RedactURL(u string) string {
 		}
 		p.RawQuery = strings.Join(parts, "&")
 	}
-	return p.Redacted()
+	if _, has := p.User.Password(); has {
+		// url.URL.Redacted spells it xxxxx; the rest of the proxy's output says <redacted>.
+		return strings.Replace(p.Redacted(), ":xxxxx@", ":"+redacted+"@", 1)
+	}
+	return p.String()
 }
+
+// redacted stands for a secret wherever one is printed or logged: in a URL, and by
+// serve --print-config.
+const redacted = "<redacted>"
 
 // redactErr redacts the URL an error of an upstream call names (a *url.Error says
 // `Post "https://…?api-key=…": …`), so that a logged cause holds no secret of the base URL.

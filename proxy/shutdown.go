@@ -28,9 +28,13 @@ func (p *Proxy) readyz(w http.ResponseWriter, _ *http.Request) {
 	if p.draining.Load() {
 		status, state = http.StatusServiceUnavailable, "draining"
 	}
-	writeJSON(w, status, map[string]any{
+	v := map[string]any{
 		"status":   state,
 		"backend":  p.cfg.Flights.Backend(),
 		"degraded": p.cfg.Flights.Degraded(),
-	})
+	}
+	if p.cfg.InstanceID != "" {
+		v["instance"] = p.cfg.InstanceID
+	}
+	writeJSON(w, status, v)
 }

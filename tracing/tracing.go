@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 
@@ -27,7 +28,9 @@ const Name = "llm-dedupe-proxy"
 type Tracing struct {
 	Tracer     trace.Tracer
 	Propagator propagation.TextMapPropagator
-	provider   *sdktrace.TracerProvider
+	// Exporters names where spans go, for the start-up log: "otlp", "console" or both.
+	Exporters string
+	provider  *sdktrace.TracerProvider
 }
 
 // Shutdown exports the spans still buffered, within ctx.
@@ -38,14 +41,38 @@ func (t *Tracing) Shutdown(ctx context.Context) error {
 	return t.provider.Shutdown(ctx)
 }
 
-// Enabled reports whether the environment asks for traces: an OTLP endpoint is set
-// (OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), OTEL_SDK_DISABLED is
-// not true and OTEL_TRACES_EXPORTER is not none.
+// Enabled reports whether the environment asks for traces: OTEL_SDK_DISABLED is not true,
+// and OTEL_TRACES_EXPORTER names console, or names otlp (the default) with an OTLP endpoint
+// set (OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT).
 func Enabled(getenv func(string) string) bool {
-	if strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true") || strings.EqualFold(getenv("OTEL_TRACES_EXPORTER"), "none") {
+	if strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true") {
 		return false
 	}
-	return getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+	otlp, console, _ := exporters(getenv)
+	return otlp || console
+}
+
+// exporters reads OTEL_TRACES_EXPORTER, a comma-separated list: otlp (the default; only
+// with an endpoint set), console (one line per span on standard output, see console) or
+// none. Another name is an error rather than no traces.
+func exporters(getenv func(string) string) (otlp, console bool, err error) {
+	list := getenv("OTEL_TRACES_EXPORTER")
+	if strings.TrimSpace(list) == "" {
+		list = "otlp"
+	}
+	for _, name := range strings.Split(list, ",") {
+		switch strings.ToLower(strings.TrimSpace(name)) {
+		case "none":
+			return false, false, nil
+		case "otlp":
+			otlp = getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+		case "console":
+			console = true
+		default:
+			err = fmt.Errorf("tracing: OTEL_TRACES_EXPORTER %q: %q is not supported: use otlp, console or none", list, name)
+		}
+	}
+	return otlp, console, err
 }
 
 // protocol is the OTLP protocol the environment names: http/protobuf (the default) or grpc.
@@ -64,25 +91,49 @@ func protocol(getenv func(string) string) (string, error) {
 }
 
 // New returns the tracing the environment asks for, or nil when it asks for none (see
-// Enabled). The exporter, the sampler (OTEL_TRACES_SAMPLER, default parentbased_always_on),
-// the batch processor (OTEL_BSP_*) and the resource (OTEL_SERVICE_NAME,
-// OTEL_RESOURCE_ATTRIBUTES) read their own variables; version is service.version.
+// Enabled). The exporters (OTLP; console, to standard output), the sampler
+// (OTEL_TRACES_SAMPLER, default parentbased_always_on), the batch processor (OTEL_BSP_*)
+// and the resource (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES) read their own variables;
+// version is service.version.
 func New(ctx context.Context, version string) (*Tracing, error) {
-	if !Enabled(os.Getenv) {
+	return newTracing(ctx, version, os.Getenv, os.Stdout)
+}
+
+func newTracing(ctx context.Context, version string, getenv func(string) string, stdout io.Writer) (*Tracing, error) {
+	if strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true") {
 		return nil, nil
 	}
-	proto, err := protocol(os.Getenv)
+	useOTLP, useConsole, err := exporters(getenv)
 	if err != nil {
 		return nil, err
 	}
-	var exp sdktrace.SpanExporter
-	if proto == "grpc" {
-		exp, err = otlptracegrpc.New(ctx)
-	} else {
-		exp, err = otlptracehttp.New(ctx)
+	var opts []sdktrace.TracerProviderOption
+	var names []string
+	if useConsole {
+		names = append(names, "console")
+		// Each span written as it ends: a reader watching the lines sees a request's span
+		// when its answer is out, not after a batch delay.
+		opts = append(opts, sdktrace.WithSyncer(&console{w: stdout}))
 	}
-	if err != nil {
-		return nil, fmt.Errorf("tracing: %w", err)
+	if useOTLP {
+		proto, err := protocol(getenv)
+		if err != nil {
+			return nil, err
+		}
+		var exp sdktrace.SpanExporter
+		if proto == "grpc" {
+			exp, err = otlptracegrpc.New(ctx)
+		} else {
+			exp, err = otlptracehttp.New(ctx)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("tracing: %w", err)
+		}
+		opts = append(opts, sdktrace.WithBatcher(exp))
+		names = append(names, "otlp")
+	}
+	if len(opts) == 0 {
+		return nil, nil
 	}
 	host, _ := os.Hostname()
 	res, err := resource.New(ctx,
@@ -94,12 +145,13 @@ func New(ctx context.Context, version string) (*Tracing, error) {
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, fmt.Errorf("tracing: resource: %w", err)
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	tp := sdktrace.NewTracerProvider(append(opts, sdktrace.WithResource(res))...)
 	return &Tracing{
 		Tracer: tp.Tracer(Name, trace.WithInstrumentationVersion(version)),
 		// W3C trace context only: a client's baggage header goes upstream with its other
 		// headers already.
 		Propagator: propagation.TraceContext{},
+		Exporters:  strings.Join(names, ","),
 		provider:   tp,
 	}, nil
 }

@@ -6,9 +6,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -24,6 +26,10 @@ func TestEnabledOnlyWithAnEndpoint(t *testing.T) {
 		{map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"}, true},
 		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_SDK_DISABLED": "true"}, false},
 		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_TRACES_EXPORTER": "none"}, false},
+		{map[string]string{"OTEL_TRACES_EXPORTER": "console"}, true},
+		{map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}, false},
+		{map[string]string{"OTEL_TRACES_EXPORTER": "otlp, console"}, true},
+		{map[string]string{"OTEL_TRACES_EXPORTER": "console", "OTEL_SDK_DISABLED": "true"}, false},
 	} {
 		if got := Enabled(env(tc.env)); got != tc.want {
 			t.Errorf("Enabled(%v) = %v; want %v", tc.env, got, tc.want)
@@ -104,6 +110,7 @@ func TestNewExportsOverOTLPHTTP(t *testing.T) {
 }
 
 func TestNewIsNilWithoutAnEndpoint(t *testing.T) {
+	t.Setenv("OTEL_TRACES_EXPORTER", "")
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
 	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
 	tr, err := New(context.Background(), "v0")
@@ -113,4 +120,60 @@ func TestNewIsNilWithoutAnEndpoint(t *testing.T) {
 	if tr.Shutdown(context.Background()) != nil {
 		t.Fatal("Shutdown of nil tracing failed")
 	}
+}
+
+// TestConsoleWritesALinePerSpan: OTEL_TRACES_EXPORTER=console writes each span when it
+// ends, on one line: kind, name, ids, parent, links and duration, then " | " and its
+// attributes and its links', a value with a space or a newline quoted.
+func TestConsoleWritesALinePerSpan(t *testing.T) {
+	var out syncBuffer
+	tr, err := newTracing(context.Background(), "v0", env(map[string]string{"OTEL_TRACES_EXPORTER": "console"}), &out)
+	if err != nil || tr == nil || tr.Exporters != "console" {
+		t.Fatalf("newTracing: %+v, %v; want console tracing", tr, err)
+	}
+	defer tr.Shutdown(context.Background())
+	origin := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{0xab, 1}, SpanID: trace.SpanID{0xcd, 2}, TraceFlags: trace.FlagsSampled})
+	ctx, parent := tr.Tracer.Start(context.Background(), "POST /v1/chat/completions", trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithLinks(LinkTo(Origin{Span: origin, Attempt: 1}, false)))
+	_, child := tr.Tracer.Start(ctx, "dedupe.wait")
+	child.SetAttributes(attribute.String("llm_dedupe.verdict", "follow"), attribute.String("note", "two words\nand a line"))
+	child.End()
+	if got := out.String(); !strings.HasPrefix(got, "internal \"dedupe.wait\" trace="+child.SpanContext().TraceID().String()+
+		" span="+child.SpanContext().SpanID().String()+" parent="+parent.SpanContext().SpanID().String()+" ") ||
+		!strings.HasSuffix(got, ` | llm_dedupe.verdict=follow note="two words\nand a line"`+"\n") {
+		t.Errorf("the child span, as it ended, was written as %q", got)
+	}
+	parent.SetAttributes(attribute.String("llm_dedupe.role", "follower"))
+	parent.End()
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[1], `server "POST /v1/chat/completions" trace=`) ||
+		!strings.Contains(lines[1], " parent=- link="+origin.TraceID().String()+"/"+origin.SpanID().String()+" ") ||
+		!strings.HasSuffix(lines[1], " | llm_dedupe.role=follower link.llm_dedupe.link.reason=follower") {
+		t.Errorf("console wrote %q; want the server span second, its link and its attributes", lines)
+	}
+}
+
+func TestUnknownExporterIsRefused(t *testing.T) {
+	if _, err := newTracing(context.Background(), "v0", env(map[string]string{"OTEL_TRACES_EXPORTER": "jaeger"}), io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "use otlp, console or none") {
+		t.Errorf("OTEL_TRACES_EXPORTER=jaeger: %v; want an error naming what is supported", err)
+	}
+}
+
+// syncBuffer is a strings.Builder spans may be written to from any goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

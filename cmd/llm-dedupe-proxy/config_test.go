@@ -227,8 +227,13 @@ func TestInvalidConfig(t *testing.T) {
 				t.Errorf("status %d, stdout %q; want 2 and nothing", r.code, r.stdout)
 			}
 			for _, key := range tt.keys {
-				if !strings.Contains(r.stderr, "llm-dedupe-proxy: invalid config: "+key+": ") {
-					t.Errorf("stderr %q; want a line naming %s", r.stderr, key)
+				// A value from the environment is named by its variable, then its key.
+				want := key + ": "
+				if env := (setting{key: key}).env(); tt.env[env] != "" {
+					want = env + " (" + key + "): "
+				}
+				if !strings.Contains(r.stderr, "llm-dedupe-proxy: invalid config: "+want) {
+					t.Errorf("stderr %q; want a line naming %s", r.stderr, want)
 				}
 			}
 		})
@@ -287,6 +292,30 @@ func TestPrintConfigRedactsBaseURL(t *testing.T) {
 		if !strings.Contains(r.stdout, kept) {
 			t.Errorf("--print-config lost %q:\n%s", kept, r.stdout)
 		}
+	}
+	// One spelling of a redacted secret, in the URL as for a secret key.
+	for _, want := range []string{"alice:<redacted>@", "api-key=<redacted>", "sig=<redacted>"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("--print-config does not say %q:\n%s", want, r.stdout)
+		}
+	}
+}
+
+// TestBadValueNamesItsVariable: a value that came from an environment variable is refused
+// naming the variable, and the key; one from a flag or a file names the key.
+func TestBadValueNamesItsVariable(t *testing.T) {
+	r := runCmd(t, map[string]string{"LLM_DEDUPE_FLIGHT_RESULT_TTL": "10"}, "", "serve", "--print-config")
+	if want := `LLM_DEDUPE_FLIGHT_RESULT_TTL (flight.result_ttl): cannot use "10" as a duration`; r.code != 2 || !strings.Contains(r.stderr, want) {
+		t.Errorf("status %d, %q; want 2 and %q", r.code, r.stderr, want)
+	}
+	r = runCmd(t, map[string]string{"LLM_DEDUPE_FLIGHT_LEASE_TTL": "1s"}, "", "serve", "--print-config")
+	if want := "LLM_DEDUPE_FLIGHT_LEASE_TTL (flight.lease_ttl): must be at least"; r.code != 2 || !strings.Contains(r.stderr, want) {
+		t.Errorf("status %d, %q; want 2 and %q", r.code, r.stderr, want)
+	}
+	// The flag wins over the variable, and is what the message names.
+	r = runCmd(t, map[string]string{"LLM_DEDUPE_FLIGHT_RESULT_TTL": "1m"}, "", "serve", "--print-config", "--flight.result_ttl=10")
+	if want := `invalid config: flight.result_ttl: cannot use "10" as a duration`; r.code != 2 || !strings.Contains(r.stderr, want) {
+		t.Errorf("status %d, %q; want 2 and %q", r.code, r.stderr, want)
 	}
 }
 

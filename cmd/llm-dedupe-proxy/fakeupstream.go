@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"syscall"
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/fakeupstream"
@@ -26,6 +27,11 @@ func (a *app) fakeUpstream(args []string) int {
 		return 2
 	}
 	ln, err := net.Listen("tcp", *listen)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		fmt.Fprintf(a.stderr, "llm-dedupe-proxy fake-upstream: %s is taken (by a fake upstream still running?): stop what holds it,\n"+
+			"or listen elsewhere with --listen=127.0.0.1:PORT and start the proxy with --upstream.base_url=http://127.0.0.1:PORT\n", *listen)
+		return 1
+	}
 	if err != nil {
 		fmt.Fprintf(a.stderr, "llm-dedupe-proxy fake-upstream: %v\n", err)
 		return 1

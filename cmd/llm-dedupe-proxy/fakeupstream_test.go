@@ -118,7 +118,8 @@ func TestFakeUpstreamRefuses(t *testing.T) {
 		t.Errorf("--delay=-1s: status %d, %q; want 2 and why", r.code, r.stderr)
 	}
 	up := startFakeUpstream(t, "--delay=0s")
-	if r := runCmd(t, nil, "", "fake-upstream", "--listen="+strings.TrimPrefix(up, "http://")); r.code != 1 || !strings.Contains(r.stderr, "address already in use") {
-		t.Errorf("an address in use: status %d, %q; want 1 and why", r.code, r.stderr)
+	if r := runCmd(t, nil, "", "fake-upstream", "--listen="+strings.TrimPrefix(up, "http://")); r.code != 1 || !strings.Contains(r.stderr, "is taken") ||
+		!strings.Contains(r.stderr, "--listen=127.0.0.1:PORT") || !strings.Contains(r.stderr, "--upstream.base_url=http://127.0.0.1:PORT") {
+		t.Errorf("an address in use: status %d, %q; want 1, why, and the flags that move it", r.code, r.stderr)
 	}
 }

@@ -31,12 +31,20 @@ func (a *app) flights(args []string) int {
 		return code
 	}
 	cfg, err := cf.load(a.env)
+	// What flights needs is told as what to pass, before the rules serve is held to
+	// (ADR 0054).
+	if cfg.Admin.Listen == "" {
+		fmt.Fprintln(a.stderr, "llm-dedupe-proxy flights: no admin API address: pass the running proxy's admin.listen as\n"+
+			"--admin.listen=HOST:PORT (or LLM_DEDUPE_ADMIN_LISTEN, or admin.listen in the --config file)")
+		return 2
+	}
+	if cfg.Admin.Token == "" {
+		fmt.Fprintln(a.stderr, "llm-dedupe-proxy flights: no admin token: pass the running proxy's admin.token as\n"+
+			"--admin.token=TOKEN or LLM_DEDUPE_ADMIN_TOKEN=TOKEN (or admin.token in the --config file)")
+		return 2
+	}
 	if err != nil {
 		return a.invalidConfig(err)
-	}
-	if cfg.Admin.Listen == "" {
-		fmt.Fprintln(a.stderr, "llm-dedupe-proxy flights: admin.listen is not set: the proxy serves no admin API")
-		return 2
 	}
 	base, err := localBase(cfg.Admin.Listen)
 	if err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -57,6 +58,11 @@ func TestFlightsCommand(t *testing.T) {
 				!strings.Contains(r.stdout, "1 flight in progress ("+backend+")") {
 				t.Errorf("flights: status %d\n%s%s", r.code, r.stdout, r.stderr)
 			}
+			// The owner is an instance one can find: in its /readyz and its /metrics.
+			if owner := ownerListed(r.stdout); owner == "" || readyzInstance(t, base) != owner ||
+				!strings.Contains(getBody(t, base+"/metrics"), `llm_dedupe_instance_info{instance_id="`+owner+`",version=`) {
+				t.Errorf("flights lists owner %q; want the instance id of /readyz (%s) and /metrics", owner, readyzInstance(t, base))
+			}
 			// The key is printed whole: the one key prints, which the admin API takes.
 			var listed string
 			if lines := strings.Split(r.stdout, "\n"); len(lines) > 1 {
@@ -97,7 +103,67 @@ func TestFlightsCommand(t *testing.T) {
 			}
 		})
 	}
-	if r := runCmd(t, nil, "", "flights"); r.code != 2 || !strings.Contains(r.stderr, "admin.listen is not set") {
-		t.Errorf("flights without admin.listen: status %d %s; want 2", r.code, r.stderr)
+}
+
+// TestFlightsSaysWhatToPass: flights without the admin API's address or token says which
+// flag or variable gives it, not the rule serve is held to.
+func TestFlightsSaysWhatToPass(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want []string
+	}{
+		{"no address", nil, nil, []string{"--admin.listen=HOST:PORT", "LLM_DEDUPE_ADMIN_LISTEN"}},
+		{"no token", nil, []string{"--admin.listen=127.0.0.1:9091"}, []string{"--admin.token=TOKEN", "LLM_DEDUPE_ADMIN_TOKEN"}},
+		{"no token, address from the environment", map[string]string{"LLM_DEDUPE_ADMIN_LISTEN": "127.0.0.1:9091"}, nil,
+			[]string{"--admin.token=TOKEN", "LLM_DEDUPE_ADMIN_TOKEN"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runCmd(t, tc.env, "", append([]string{"flights"}, tc.args...)...)
+			if r.code != 2 {
+				t.Errorf("status %d; want 2", r.code)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(r.stderr, w) {
+					t.Errorf("stderr %q; want it to name %s", r.stderr, w)
+				}
+			}
+			if strings.Contains(r.stderr, "invalid config") {
+				t.Errorf("stderr %q; want what to pass, not serve's rule", r.stderr)
+			}
+		})
 	}
+}
+
+// ownerListed is the OWNER of the first flight flights printed.
+func ownerListed(out string) string {
+	lines := strings.Split(out, "\n")
+	if len(lines) < 2 {
+		return ""
+	}
+	if f := strings.Fields(lines[1]); len(f) > 2 {
+		return f[2]
+	}
+	return ""
+}
+
+func readyzInstance(t *testing.T, base string) string {
+	t.Helper()
+	var v struct{ Instance string }
+	if err := json.Unmarshal([]byte(getBody(t, base+"/readyz")), &v); err != nil {
+		t.Fatal(err)
+	}
+	return v.Instance
+}
+
+func getBody(t *testing.T, url string) string {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return string(b)
 }

@@ -128,14 +128,12 @@ func (a *app) printHelp(w io.Writer, c *command, fs *flag.FlagSet) {
 		}
 		fmt.Fprintln(w, "\nRun \"llm-dedupe-proxy COMMAND -h\" for a command's flags.")
 	}
-	keys := map[string]bool{}
 	def := defaultConfig()
-	for _, s := range settings(&def) {
-		keys[s.key] = true
-	}
 	fmt.Fprintln(w, "\nFlags:")
 	fs.VisitAll(func(f *flag.Flag) {
-		if !keys[f.Name] && f.Name != "config" {
+		// A command's own flag may share a key's name (fake-upstream's --listen): what
+		// tells them apart is the kind of flag, not the name.
+		if _, isKey := f.Value.(*keyFlag); !isKey && f.Name != "config" {
 			printFlag(w, f)
 		}
 	})
@@ -149,7 +147,8 @@ func (a *app) printHelp(w io.Writer, c *command, fs *flag.FlagSet) {
 			"flags win over the environment, the environment over the file. An unknown key or\n"+
 			"LLM_DEDUPE_ variable stops start-up. config.example.yaml lists every key.\n"+
 			"Traces: OpenTelemetry's own variables; set OTEL_EXPORTER_OTLP_ENDPOINT to turn them on\n"+
-			"(OTEL_EXPORTER_OTLP_PROTOCOL http/protobuf or grpc, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER…).")
+			"(OTEL_EXPORTER_OTLP_PROTOCOL http/protobuf or grpc, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER…),\n"+
+			"or OTEL_TRACES_EXPORTER=console to write a line per span on standard output.")
 	} else {
 		fmt.Fprintln(w, "\nConfiguration it reads, as serve does (a flag, LLM_DEDUPE_ and the key upper-cased, or a\n"+
 			"key of the --config file; \"llm-dedupe-proxy serve -h\" lists every key, and each is accepted):")

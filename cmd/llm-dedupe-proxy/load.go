@@ -169,6 +169,19 @@ func (cf *configFlags) load(env map[string]string) (Config, error) {
 			}
 		}
 	}
+	// A value that came from the environment is named by its variable too: the key alone
+	// sends the user looking in a file that does not hold it (ADR 0054).
+	fromEnv := map[string]string{}
+	for _, s := range list {
+		if val, ok := getenv(s.env()); ok && val != "" && !(cf.keys[s.key] != nil && cf.keys[s.key].set) {
+			fromEnv[s.key] = s.env()
+		}
+	}
+	for _, e := range errs {
+		if ce, ok := e.(*configError); ok {
+			ce.Env = fromEnv[ce.Key]
+		}
+	}
 	return cfg, errors.Join(errs...)
 }
 

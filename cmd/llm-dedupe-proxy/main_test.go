@@ -118,8 +118,9 @@ func TestHelp(t *testing.T) {
 		t.Errorf("flights -h: want admin.token and no redis key:\n%s", flights.stdout)
 	}
 	fake := runCmd(t, nil, "", "fake-upstream", "-h")
-	if !strings.Contains(fake.stdout, "\n  --delay duration\n") || strings.Contains(fake.stdout, "--config") {
-		t.Errorf("fake-upstream -h: want --delay and no configuration:\n%s", fake.stdout)
+	if !strings.Contains(fake.stdout, "\n  --delay duration\n") || !strings.Contains(fake.stdout, "\n  --listen host:port\n") ||
+		strings.Contains(fake.stdout, "--config") {
+		t.Errorf("fake-upstream -h: want --delay, --listen and no configuration:\n%s", fake.stdout)
 	}
 }
 

@@ -70,7 +70,8 @@ func (a *app) serve(args []string) int {
 	defer stopAdmin()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	logger.Info("listening", "addr", ln.Addr().String(), "upstream", proxy.RedactURL(cfg.Upstream.BaseURL), "version", version)
+	logger.Info("listening", "addr", ln.Addr().String(), "upstream", proxy.RedactURL(cfg.Upstream.BaseURL), "version", version,
+		"instance", wired.id)
 
 	code := 0
 	select {

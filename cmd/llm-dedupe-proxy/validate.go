@@ -13,13 +13,20 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 )
 
-// configError is one invalid configuration value: the key and the rule it breaks.
+// configError is one invalid configuration value: the key and the rule it breaks, and the
+// environment variable that set it, if one did, so that the message names what to change.
 type configError struct {
 	Key  string
 	Rule string
+	Env  string
 }
 
-func (e *configError) Error() string { return e.Key + ": " + e.Rule }
+func (e *configError) Error() string {
+	if e.Env != "" {
+		return e.Env + " (" + e.Key + "): " + e.Rule
+	}
+	return e.Key + ": " + e.Rule
+}
 
 // checker collects every configError of a configuration, so a user fixes them in one go.
 type checker struct{ errs []error }

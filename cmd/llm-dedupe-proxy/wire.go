@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,6 +26,7 @@ import (
 
 // wiring is what serve runs: the handler, and the steps of a graceful stop.
 type wiring struct {
+	id      string // the instance id: owner of its flights in the admin API, in /readyz and /metrics
 	handler http.Handler
 	admin   http.Handler                    // the admin API; nil when admin.listen is empty
 	drain   func()                          // readiness goes 503 while requests finish
@@ -43,6 +46,8 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 	}
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
+	id := newInstanceID()
+	metrics.RegisterInstance(reg, id, version)
 	tr, err := tracing.New(context.Background(), version)
 	if err != nil {
 		return nil, err
@@ -86,10 +91,11 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		AbandonGrace:      grace,
 		Observer:          &logObserver{next: m, log: logger},
 		Annotate:          proxy.AnnotateUsage,
+		InstanceID:        id,
 	}
 	if tr != nil {
 		opts.Tracer = tr.Tracer
-		logger.Info("tracing", "exporter", "otlp")
+		logger.Info("tracing", "exporter", tr.Exporters)
 	}
 	var clients []redis.UniversalClient
 	if len(cfg.Redis.Addrs) > 0 {
@@ -114,6 +120,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		MaxResponseBytes: cfg.Limits.MaxResponseBytes,
 		Paths:            cfg.Dedupe.Paths,
 		Flights:          group,
+		InstanceID:       id,
 		Hasher:           hashing.New(hashing.Options{Scope: scope, IgnoreFields: cfg.Hashing.IgnoreFields, SkipCanonical: true}),
 		Recorder:         m,
 		Tracing:          tr,
@@ -143,6 +150,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		cancel()
 	}
 	return &wiring{
+		id:      id,
 		handler: p,
 		admin:   admin,
 		drain:   p.Drain,
@@ -307,4 +315,12 @@ type redisLogger struct{ log *slog.Logger }
 
 func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	l.log.Debug("redis client: " + fmt.Sprintf(format, v...))
+}
+
+// newInstanceID returns 12 random hex digits naming this process: in its flights' tokens
+// and meta (the owner the admin API lists), and in its start-up log, /readyz and /metrics.
+func newInstanceID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

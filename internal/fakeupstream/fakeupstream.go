@@ -3,9 +3,12 @@
 package fakeupstream
 
 import (
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -174,6 +177,12 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		u.control(w, r)
 		return
 	}
+	if r.Method == http.MethodGet && r.URL.Path == "/healthz" {
+		// Not a model call: what the image's HEALTHCHECK asks, when the fake runs in it.
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"status":"ok"}`)
+		return
+	}
 	if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/models") {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"object":"list","data":[{"id":"fake-model","object":"model","owned_by":"fake"}]}`)
@@ -202,6 +211,7 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		StreamOptions struct {
 			IncludeUsage bool `json:"include_usage"`
 		} `json:"stream_options"`
+		EncodingFormat string `json:"encoding_format"`
 	}
 	_ = json.Unmarshal(body, &req)
 	w.Header().Set("X-Request-Id", fmt.Sprintf("req_%d", n))
@@ -242,8 +252,23 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	io.WriteString(w, Unary(r.URL.Path, n, req.Model))
+	if req.EncodingFormat == "base64" && strings.HasSuffix(r.URL.Path, "/embeddings") {
+		io.WriteString(w, EmbeddingBase64(n, req.Model))
+	} else {
+		io.WriteString(w, Unary(r.URL.Path, n, req.Model))
+	}
 	u.count(&u.completed)
+}
+
+// EmbeddingBase64 is the answer of call n to an embeddings request with encoding_format
+// base64 (the Node SDK's default): Unary's vector as little-endian float32s in base64.
+func EmbeddingBase64(n int64, model string) string {
+	var b []byte
+	for _, f := range []float32{float32(n), 0.5, -0.25} {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(f))
+	}
+	return fmt.Sprintf(`{"object":"list","data":[{"object":"embedding","index":0,"embedding":%q}],"model":%q,"usage":{"prompt_tokens":5,"total_tokens":5}}`,
+		base64.StdEncoding.EncodeToString(b), model)
 }
 
 func waitHold(r *http.Request, hold chan struct{}) bool {
