@@ -20,8 +20,8 @@ if m[2] == ARGV[1] then
   return {'owner', tonumber(m[4]), m[5], tonumber(m[3]), now_us}
 end
 if m[1] == 'R' and tonumber(m[3]) > now then
-  if (ARGV[12] or '') ~= '' and redis.call('HSET', KEYS[1], 'w:' .. ARGV[3], ARGV[12]) == 1 then
-    redis.call('HINCRBY', KEYS[1], 'w', 1)
+  if (ARGV[12] or '') ~= '' then
+    redis.call('HSET', KEYS[1], 'w:' .. ARGV[3], ARGV[12])
   end
   return {'follow', m[2], tonumber(m[3]) - now, m[5], tonumber(m[4]), now_us}
 end

@@ -9,7 +9,7 @@
 -- ARGV[8] route  ARGV[9] model   (shown by the flights listing; written when claiming)
 -- ARGV[10] mark: "<callers>/<local flight>", the callers waiting on this instance ('' =
 --          mark nothing); a follow marks the flight waited for by this instance
---          (w:<instance>, counted in w) so that its owner does not cut it (ADR 0074)
+--          (w:<instance>) so that its owner does not cut it (ADR 0074)
 -- returns {"hit", status, header, body, age_ms, token, ttl_left_ms, landed_us}   token: of the attempt
 --          that stored it; landed_us: when its complete ran
 --      or {"owner", attempt, gen_id, lease_until, now_us}    claimed with the candidate
@@ -59,8 +59,8 @@ local attempt = tonumber(m[4]) or 0
 if m[1] == 'R' then
   local rem = tonumber(m[3]) - now
   if rem > 0 then
-    if (ARGV[10] or '') ~= '' and redis.call('HSET', KEYS[1], 'w:' .. ARGV[3], ARGV[10]) == 1 then
-      redis.call('HINCRBY', KEYS[1], 'w', 1)
+    if (ARGV[10] or '') ~= '' then
+      redis.call('HSET', KEYS[1], 'w:' .. ARGV[3], ARGV[10])
     end
     return {'follow', m[2], rem, m[5], attempt, tonumber(m[6]) or -1, now_us}
   end

@@ -21,12 +21,15 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if ARGV[4] ~= '' and tonumber(ARGV[4]) >= tonumber(ARGV[5]) then
-  local c = redis.call('HMGET', KEYS[1], 'w', 'finish', 'left')
-  local waiting = tonumber(c[1]) or 0
-  if ARGV[6] ~= '' and redis.call('HEXISTS', KEYS[1], 'w:' .. ARGV[6]) == 1 then
-    waiting = waiting - 1
+  -- Marks are counted here, when a cut is asked, not kept counted on every follow.
+  local waiting = 0
+  for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+    if string.sub(f, 1, 2) == 'w:' and f ~= 'w:' .. ARGV[6] then
+      waiting = waiting + 1
+    end
   end
-  if waiting <= 0 and c[2] ~= '1' and (not c[3] or now - tonumber(c[3]) >= tonumber(ARGV[5])) then
+  local c = redis.call('HMGET', KEYS[1], 'finish', 'left')
+  if waiting == 0 and c[1] ~= '1' and (not c[2] or now - tonumber(c[2]) >= tonumber(ARGV[5])) then
     redis.call('DEL', KEYS[1], KEYS[2])
     redis.call('HSET', KEYS[1], 'state', 'A', 'token', ARGV[1])
     redis.call('PEXPIRE', KEYS[1], ARGV[3])

@@ -10,7 +10,6 @@ if not mark or string.sub(mark, -#ARGV[3]) ~= ARGV[3] then
   return 0
 end
 redis.call('HDEL', KEYS[1], 'w:' .. ARGV[1])
-redis.call('HINCRBY', KEYS[1], 'w', -1)
 local t = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'left', string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
 if ARGV[2] == '1' then
