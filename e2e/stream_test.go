@@ -46,9 +46,14 @@ type sseClient struct {
 
 // openSSE sends a streaming chat request with the given extra header pairs.
 func openSSE(base, body, apiKey string, hdr ...string) *sseClient {
+	return openSSETimeout(base, body, apiKey, clientTimeout, hdr...)
+}
+
+// openSSETimeout is openSSE for an answer that may take up to d.
+func openSSETimeout(base, body, apiKey string, d time.Duration, hdr ...string) *sseClient {
 	s := &sseClient{changed: make(chan struct{}), finished: make(chan struct{})}
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), clientTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), d)
 		defer cancel()
 		var r streamResult
 		defer func() {
