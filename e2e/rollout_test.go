@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/fakeupstream"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
 // chartGrace is the grace the Helm chart gives a pod by default (its values.yaml) and the
@@ -203,6 +204,11 @@ func TestRollingRestartUnderLongStreams(t *testing.T) {
 
 	r := startRollout(t, delay, timeout, grace, upstream, stream)
 	olds := append([]*instance(nil), r.c.ins...)
+	// The first group's streams are open on every instance: the gauge an autoscaler reads.
+	redistest.WaitUntil(t, 10*time.Second, "open streams counted", func() (bool, string) {
+		got := sum(olds, "llm_dedupe_open_requests", nil)
+		return got >= float64(len(olds)), fmt.Sprintf("llm_dedupe_open_requests %v", got)
+	})
 	for _, old := range olds {
 		took := r.restart(old)
 		t.Logf("ROLLOUT %s restarted: exited %v after SIGTERM (grace %v)", old.name, took.Round(time.Millisecond), grace)

@@ -137,7 +137,8 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		cancel()
 	}
 	return &wiring{
-		handler: p,
+		// Probes and scrapes are not load: see ADR 0073.
+		handler: m.CountOpen("/healthz", "/readyz", "/metrics")(p),
 		admin:   admin,
 		drain:   p.Drain,
 		close: func(ctx context.Context) error {
