@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -99,8 +100,11 @@ func startRollout(t *testing.T, delay, timeout, grace, upstreamTimeout, stream t
 		"LLM_DEDUPE_REDIS_POOL_SIZE":   "20", // the chart's config.redis.pool_size
 		"LLM_DEDUPE_FLIGHT_RESULT_TTL": "10m",
 	}})
+	// The fake waits its delay before each event of the stream, the role and usage events
+	// included: the stream lasts events × delay.
 	const chunks = 32
-	c.fake.set(fakeupstream.Behavior{Delay: stream / chunks, Chunks: chunks})
+	events := strings.Count(fakeupstream.Transcript(chatPath, 1, "e2e-rollout", chunks, true), "\n\n")
+	c.fake.set(fakeupstream.Behavior{Delay: stream / time.Duration(events), Chunks: chunks})
 	r := &rollout{t: t, c: c, delay: delay, grace: grace, stream: stream, chunks: chunks,
 		routed: append([]*instance(nil), c.ins...), stop: make(chan struct{}), done: make(chan struct{})}
 	go r.load()
