@@ -17,9 +17,10 @@ import (
 
 // chartGrace is the grace the Helm chart gives a pod by default (its values.yaml) and the
 // longest upstream call it must cover (config.upstream.timeout, else the proxy's default in
-// config.example.yaml). See ADR 0071.
+// config.example.yaml), with the Redis pool the chart sets. See ADR 0071.
 type chartGrace struct {
 	delay, timeout, upstreamTimeout time.Duration
+	poolSize                        int
 }
 
 func readChartGrace(t *testing.T) chartGrace {
@@ -43,6 +44,7 @@ func readChartGrace(t *testing.T) chartGrace {
 		t.Fatalf("upstream.timeout %q: %v", up, err)
 	}
 	g.upstreamTimeout = d
+	g.poolSize, _ = lookupYAML(vals, "config", "redis", "pool_size").(int)
 	return g
 }
 
@@ -97,7 +99,7 @@ func startRollout(t *testing.T, delay, timeout, grace, upstreamTimeout, stream t
 		"LLM_DEDUPE_SHUTDOWN_DELAY":    delay.String(),
 		"LLM_DEDUPE_SHUTDOWN_TIMEOUT":  timeout.String(),
 		"LLM_DEDUPE_UPSTREAM_TIMEOUT":  upstreamTimeout.String(),
-		"LLM_DEDUPE_REDIS_POOL_SIZE":   "20", // the chart's config.redis.pool_size
+		"LLM_DEDUPE_REDIS_POOL_SIZE":   strconv.Itoa(readChartGrace(t).poolSize),
 		"LLM_DEDUPE_FLIGHT_RESULT_TTL": "10m",
 	}})
 	// The fake waits its delay before each event of the stream, the role and usage events
