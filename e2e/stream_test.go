@@ -47,7 +47,12 @@ type sseClient struct {
 
 // openSSE sends a streaming chat request with the given extra header pairs.
 func openSSE(base, body, apiKey string, hdr ...string) *sseClient {
-	ctx, cancel := context.WithTimeout(context.Background(), clientTimeout)
+	return openSSETimeout(base, body, apiKey, clientTimeout, hdr...)
+}
+
+// openSSETimeout is openSSE for an answer that may take up to d.
+func openSSETimeout(base, body, apiKey string, d time.Duration, hdr ...string) *sseClient {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	s := &sseClient{changed: make(chan struct{}), finished: make(chan struct{}), leave: cancel}
 	go func() {
 		defer cancel()

@@ -21,7 +21,7 @@
 //
 // [New] registers everything on the Registerer it is given (never the global one), the
 // proxy handler calls [Metrics.Request], [Metrics.Upstream], [Metrics.Saved] and
-// [Metrics.WaitingAdd], and the singleflight Group is given the *Metrics as its Observer.
+// [Metrics.WaitingAdd], [Metrics.CountOpen] wraps the proxy handler, and the singleflight Group is given the *Metrics as its Observer.
 // A nil *Metrics is valid and records nothing, so tests and tools may leave it out.
 package metrics
 
@@ -99,6 +99,7 @@ type Metrics struct {
 	savedRequests    *prometheus.CounterVec
 	savedTokens      *prometheus.CounterVec
 	waiting          prometheus.Gauge
+	open             prometheus.Gauge
 
 	inflight          prometheus.Gauge
 	roles             *prometheus.CounterVec
@@ -207,6 +208,11 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name:      "waiting_requests",
 			Help:      "Client requests on a deduplicated route currently waiting for the first byte of their answer (owners included).",
 		}),
+		open: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace,
+			Name:      "open_requests",
+			Help:      "Client requests in progress on every route, deduplicated or passed through, streams until their last byte; probes and scrapes not counted. The measure to autoscale on.",
+		}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace,
 			Name:      "inflight_flights",
@@ -293,7 +299,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(
 		m.requests, m.requestDuration, m.upstream, m.upstreamDuration,
-		m.savedRequests, m.savedTokens, m.waiting,
+		m.savedRequests, m.savedTokens, m.waiting, m.open,
 		m.inflight, m.roles, m.takeovers, m.leaseLost, m.fencedWrites,
 		m.heartbeatFailures, m.redisErrors, m.degraded, m.followerWait,
 		m.purges, m.invalidations, m.abandoned, m.abandonedBytes,

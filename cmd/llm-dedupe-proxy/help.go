@@ -67,7 +67,9 @@ func commands() []*command {
 			name: "healthcheck", synopsis: "healthcheck [flags]",
 			summary: "exit 0 if the proxy on the configured listen address is healthy",
 			about: "Asks /healthz of the proxy listening on the configured address and exits 0 if it answers\n" +
-				"200, 1 otherwise: a HEALTHCHECK for an image without a shell or curl.",
+				"200, 1 otherwise: a HEALTHCHECK for an image without a shell or curl. With\n" +
+				"--require-redis, asks /readyz and exits 0 only if the instance deduplicates through\n" +
+				"Redis (not degraded): a check of a deployment, as `helm test` runs it.",
 			keys: []string{"listen"},
 			run:  (*app).healthcheck,
 		},

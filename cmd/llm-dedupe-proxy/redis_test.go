@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -42,5 +44,45 @@ func TestRedisAuthFailureIsDegraded(t *testing.T) {
 				t.Errorf("/metrics has no llm_dedupe_backend_degraded 1")
 			}
 		})
+	}
+}
+
+// TestHealthcheckRequireRedis: the check `helm test` runs passes on an instance that
+// reaches its Redis and fails on one that does not, which still serves (fail-open).
+func TestHealthcheckRequireRedis(t *testing.T) {
+	rs := redistest.Start(t, redistest.Options{})
+	check := func(base string) (int, string) {
+		var stderr strings.Builder
+		args := []string{"healthcheck", "--listen=" + strings.TrimPrefix(base, "http://"), "--require-redis", "--timeout=2s"}
+		code := run(context.Background(), args, nil, strings.NewReader(""), io.Discard, &stderr)
+		return code, stderr.String()
+	}
+
+	base, stop := startServe(t, "--redis.addrs="+rs.Addr, "--upstream.base_url=http://127.0.0.1:1")
+	if code, stderr := check(base); code != 0 {
+		t.Errorf("an instance on its Redis: status %d (%s); want 0", code, stderr)
+	}
+	stop()
+
+	// A wrong address: a port nothing listens on.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong := l.Addr().String()
+	l.Close()
+	base, stop, msgs := startServeLogs(t, "--redis.addrs="+wrong, "--upstream.base_url=http://127.0.0.1:1")
+	defer stop()
+	waitLogged(t, msgs, "redis unavailable: serving with local-only dedupe until it answers")
+	res, err := http.Get(base + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("/healthz of a degraded instance: %d; want 200 (it serves)", res.StatusCode)
+	}
+	if code, stderr := check(base); code != 1 || !strings.Contains(stderr, "degraded") {
+		t.Errorf("an instance that does not reach its Redis: status %d (%s); want 1, degraded", code, stderr)
 	}
 }

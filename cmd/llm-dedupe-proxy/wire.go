@@ -150,8 +150,9 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		cancel()
 	}
 	return &wiring{
-		id:      id,
-		handler: p,
+		id: id,
+		// Probes and scrapes are not load: see ADR 0073.
+		handler: m.CountOpen("/healthz", "/readyz", "/metrics")(p),
 		admin:   admin,
 		drain:   p.Drain,
 		close: func(ctx context.Context) error {

@@ -25,6 +25,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
@@ -58,6 +59,11 @@ func readValues(t *testing.T, set string) map[string]any {
 // namespace with vals over the chart's values.yaml: values.schema.json is checked first.
 // It returns the rendered files by template path.
 func render(vals map[string]any) (map[string]string, error) {
+	return renderWith(vals, nil)
+}
+
+// renderWith is render with the cluster that lookup asks: nil as with `helm template`.
+func renderWith(vals map[string]any, cluster engine.ClientProvider) (map[string]string, error) {
 	ch, err := loader.Load(chartDir)
 	if err != nil {
 		return nil, err
@@ -75,6 +81,9 @@ func render(vals map[string]any) (map[string]string, error) {
 	rv, err := chartutil.ToRenderValues(ch, vals, opts, caps)
 	if err != nil {
 		return nil, err
+	}
+	if cluster != nil {
+		return engine.RenderWithClientProvider(ch, rv, cluster)
 	}
 	return engine.Render(ch, rv)
 }
@@ -109,6 +118,10 @@ func newObject(apiVersion, kind string) any {
 		return &autoscalingv2.HorizontalPodAutoscaler{}
 	case "networking.k8s.io/v1 NetworkPolicy":
 		return &networkingv1.NetworkPolicy{}
+	case "networking.k8s.io/v1 Ingress":
+		return &networkingv1.Ingress{}
+	case "gateway.networking.k8s.io/v1 HTTPRoute":
+		return &gatewayv1.HTTPRoute{}
 	case "monitoring.coreos.com/v1 ServiceMonitor":
 		return &monitoringv1.ServiceMonitor{}
 	case "monitoring.coreos.com/v1 PrometheusRule":

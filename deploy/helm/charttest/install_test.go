@@ -74,6 +74,18 @@ func TestWrongValuesFailAtInstall(t *testing.T) {
 		{"sampler ratio above 1, as text", `tracing.samplerArg="1.5"`, "samplerArg"},
 		{"resource attribute with a comma", `tracing.resourceAttributes={"team":"a,b"}`, "resourceAttributes"},
 		{"configuration through the environment", `extraEnv=[{"name":"LLM_DEDUPE_FLIGHT_LEASE_TTL","value":"1s"}]`, "extraEnv"},
+		{"configuration through envFrom", `envFrom=[{"prefix":"LLM_DEDUPE_","configMapRef":{"name":"x"}}]`, "envFrom"},
+		{"budget of every pod, in percent", `podDisruptionBudget={"enabled":true,"maxUnavailable":null,"minAvailable":"100%"}`, "podDisruptionBudget.minAvailable"},
+		{"budget below every pod, in percent", `podDisruptionBudget={"enabled":true,"maxUnavailable":null,"minAvailable":"66%"}`, ""},
+		{"network policy open to every pod", `networkPolicy.enabled=true`, "networkPolicy.api.from"},
+		{"ingress without a host", `ingress.enabled=true`, "ingress.hosts"},
+		{"ingress path not a path", `ingress={"enabled":true,"hosts":["a.example"],"paths":["v1"]}`, "paths"},
+		{"route without a gateway", `httpRoute.enabled=true`, "httpRoute.parentRefs"},
+		{"route timeout misspelt", `httpRoute.requestTimeout="10 minutes"`, "requestTimeout"},
+		{"memory limit unreadable", `resources={"requests":{"cpu":"1","memory":"1Gi"},"limits":{"memory":"1 gigabyte"}}`, "resources.limits.memory"},
+		{"GOMEMLIMIT above the limit", `goRuntime.memoryLimitPercent=120`, "memoryLimitPercent"},
+		{"digest without algorithm", `image.digest="0123456789abcdef"`, "digest"},
+		{"pull policy misspelt", `image.pullPolicy="Sometimes"`, "pullPolicy"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vals := readValues(t, "defaults")

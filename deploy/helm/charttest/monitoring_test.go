@@ -63,7 +63,7 @@ func TestAlertsFireOnTheirCause(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"LLMDedupeProxyDegraded", "LLMDedupeProxyUpstreamErrors",
-		"LLMDedupeProxyTakeovers", "LLMDedupeProxyLeasesLost", "LLMDedupeProxyRedisErrors"} {
+		"LLMDedupeProxyTakeovers", "LLMDedupeProxyLeasesLost", "LLMDedupeProxyRedisErrors", "LLMDedupeProxyNotScraped"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no alert %s", want)
 		}

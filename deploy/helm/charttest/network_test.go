@@ -1,6 +1,7 @@
 package charttest
 
 import (
+	"slices"
 	"testing"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
@@ -47,7 +48,7 @@ func TestNetworkPolicyOpensOnlyTheNamedPorts(t *testing.T) {
 	forEachSet(t, checkNetworkPolicy)
 	t.Run("admin API on, no peer named", func(t *testing.T) {
 		vals := readValues(t, "existing-secret")
-		vals["networkPolicy"] = map[string]any{"enabled": true}
+		vals["networkPolicy"] = map[string]any{"enabled": true, "api": map[string]any{"from": []any{map[string]any{"podSelector": map[string]any{}}}}}
 		p := proxyOf(t, newRelease(t, "admin-closed", vals))
 		must[networkingv1.NetworkPolicy](t, p.r, fullname)
 		checkNetworkPolicy(t, p)
@@ -63,7 +64,7 @@ func checkNetworkPolicy(t *testing.T, p *proxyParts) {
 	if !selects(t, &np.Spec.PodSelector, p.podLabels()) {
 		t.Error("the NetworkPolicy does not select the proxy's pods")
 	}
-	var http bool
+	var http, testPod bool
 	for _, rule := range np.Spec.Ingress {
 		if len(rule.Ports) == 0 {
 			t.Error("an ingress rule without ports opens every port")
@@ -72,6 +73,14 @@ func checkNetworkPolicy(t *testing.T, p *proxyParts) {
 			switch port.Port.String() {
 			case "http":
 				http = true
+				if len(rule.From) == 0 {
+					t.Error("the http port is open to every pod of the cluster")
+				}
+				for _, peer := range rule.From {
+					if peer.PodSelector != nil && peer.NamespaceSelector == nil && selects(t, peer.PodSelector, testPodLabels(t, p)) {
+						testPod = true
+					}
+				}
 			case "admin":
 				if len(rule.From) == 0 {
 					t.Error("the admin port is open to everyone")
@@ -84,6 +93,10 @@ func checkNetworkPolicy(t *testing.T, p *proxyParts) {
 	if !http {
 		t.Error("the http port is closed: clients and Prometheus could not reach it")
 	}
+	if test := find[corev1.Pod](p.r, fullname+"-test"); test != nil && !testPod {
+		t.Error("the `helm test` pod cannot reach the http port")
+	}
+	checkEgress(t, p, np)
 	if redis := find[networkingv1.NetworkPolicy](p.r, fullname+"-redis"); redis != nil {
 		if len(redis.Spec.Ingress) != 1 || len(redis.Spec.Ingress[0].From) != 1 ||
 			!selects(t, redis.Spec.Ingress[0].From[0].PodSelector, p.podLabels()) {
@@ -117,5 +130,59 @@ func TestServiceMonitorScrapesTheAPIService(t *testing.T) {
 		if ns := sm.Spec.NamespaceSelector.MatchNames; len(ns) != 1 || ns[0] != namespace {
 			t.Errorf("namespaces %q; want [%s]", ns, namespace)
 		}
+		var node bool
+		for _, rl := range sm.Spec.Endpoints[0].RelabelConfigs {
+			node = node || (rl.TargetLabel == "node" && slices.Contains(rl.SourceLabels, "__meta_kubernetes_pod_node_name"))
+		}
+		if !node {
+			t.Error("the series are not labelled with their node")
+		}
 	})
+}
+
+func testPodLabels(t *testing.T, p *proxyParts) map[string]string {
+	t.Helper()
+	if test := find[corev1.Pod](p.r, fullname+"-test"); test != nil {
+		return test.Labels
+	}
+	return map[string]string{}
+}
+
+// checkEgress: with egress restricted, the pods may still resolve names and reach the
+// in-chart Redis, and every rule names its ports.
+func checkEgress(t *testing.T, p *proxyParts, np *networkingv1.NetworkPolicy) {
+	t.Helper()
+	var egress bool
+	for _, pt := range np.Spec.PolicyTypes {
+		egress = egress || pt == networkingv1.PolicyTypeEgress
+	}
+	if !egress {
+		if len(np.Spec.Egress) != 0 {
+			t.Error("egress rules without the Egress policy type")
+		}
+		return
+	}
+	var dns, redis bool
+	redisDep := find[appsv1.Deployment](p.r, fullname+"-redis")
+	for _, rule := range np.Spec.Egress {
+		if len(rule.Ports) == 0 {
+			t.Error("an egress rule without ports opens every port")
+		}
+		for _, port := range rule.Ports {
+			if port.Port != nil && port.Port.IntValue() == 53 {
+				dns = true
+			}
+			if redisDep != nil && port.Port != nil && port.Port.IntValue() == 6379 {
+				for _, peer := range rule.To {
+					redis = redis || (peer.PodSelector != nil && selects(t, peer.PodSelector, redisDep.Spec.Template.Labels))
+				}
+			}
+		}
+	}
+	if !dns {
+		t.Error("egress denies DNS: the pods could resolve neither Redis nor the upstream")
+	}
+	if redisDep != nil && !redis {
+		t.Error("egress denies the in-chart Redis")
+	}
 }

@@ -57,8 +57,66 @@ app.kubernetes.io/component: redis
 {{- .Values.secrets.existingSecret | default (include "llm-dedupe-proxy.fullname" .) }}
 {{- end }}
 
+{{/* The image: by digest when one is set (the tag is then only a label). */}}
 {{- define "llm-dedupe-proxy.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
+{{/* image.pullPolicy, or: IfNotPresent for an image by digest, which never changes; else Always. */}}
+{{- define "llm-dedupe-proxy.pullPolicy" -}}
+{{- .Values.image.pullPolicy | default (ternary "IfNotPresent" "Always" (ne .Values.image.digest "")) }}
+{{- end }}
+
+{{/*
+A Kubernetes quantity in its base unit, as a float: 512Mi, 1.5Gi, 500M, 100m, 2, or a plain
+number. Fails naming the value when it cannot read it.
+*/}}
+{{- define "llm-dedupe-proxy.quantity" -}}
+{{- $name := index . 0 }}
+{{- $q := index . 1 }}
+{{- if or (kindIs "float64" $q) (kindIs "int64" $q) (kindIs "int" $q) }}
+{{- float64 $q }}
+{{- else }}
+{{- $q = toString $q }}
+{{- if not (regexMatch "^[0-9]+(\\.[0-9]+)?(Ki|Mi|Gi|Ti|m|k|M|G|T)?$" $q) }}
+{{- fail (printf "%s: %q is not a quantity the chart can read (e.g. 512Mi, 1.5Gi, 500m)" $name $q) }}
+{{- end }}
+{{- $units := dict "" 1.0 "m" 0.001 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 }}
+{{- $n := regexReplaceAll "[A-Za-z]+$" $q "" }}
+{{- $u := trimPrefix $n $q }}
+{{- mulf (float64 $n) (get $units $u) }}
+{{- end }}
+{{- end }}
+
+{{/*
+GOMEMLIMIT, in bytes: goRuntime.memoryLimitPercent of resources.limits.memory; empty
+without either. See ADR 0072.
+*/}}
+{{- define "llm-dedupe-proxy.goMemLimit" -}}
+{{- $limit := dig "limits" "memory" "" (.Values.resources | default dict) }}
+{{- $pct := .Values.goRuntime.memoryLimitPercent | default 0 }}
+{{- if and $limit (gt (int $pct) 0) }}
+{{- $bytes := include "llm-dedupe-proxy.quantity" (list "resources.limits.memory" $limit) | float64 }}
+{{- printf "%d" (int64 (floor (divf (mulf $bytes $pct) 100))) }}
+{{- end }}
+{{- end }}
+
+{{/*
+GOMAXPROCS: goRuntime.maxProcs; else unset with a CPU limit (Go 1.25+ follows it), else the
+CPU request rounded up, at least 2. See ADR 0072.
+*/}}
+{{- define "llm-dedupe-proxy.goMaxProcs" -}}
+{{- $r := .Values.resources | default dict }}
+{{- if not (kindIs "invalid" .Values.goRuntime.maxProcs) }}
+{{- int .Values.goRuntime.maxProcs }}
+{{- else if not (dig "limits" "cpu" "" $r) }}
+{{- $cpu := include "llm-dedupe-proxy.quantity" (list "resources.requests.cpu" (dig "requests" "cpu" "0" $r)) | float64 }}
+{{- max 2 (int64 (ceil $cpu)) }}
+{{- end }}
 {{- end }}
 
 {{/* Where the pod reads its configuration. */}}
@@ -195,6 +253,9 @@ and the rule, and stops the install before anything is applied.
       {{- fail (printf "podDisruptionBudget.minAvailable: must be below the replica count (%d), or no pod could ever be evicted and node drains would hang" $replicas) }}
     {{- end }}
   {{- end }}
+  {{- if and (kindIs "string" .minAvailable) (ge (trimSuffix "%" .minAvailable | int) 100) }}
+    {{- fail (printf "podDisruptionBudget.minAvailable: %s would let no pod ever be evicted, and node drains would hang; stay below 100%%" .minAvailable) }}
+  {{- end }}
 {{- end }}
 {{- end }}
 
@@ -203,6 +264,23 @@ and the rule, and stops the install before anything is applied.
     {{- fail (printf "extraEnv: %s: set the proxy's configuration in config (checked by the schema) and its secrets in secrets, not as LLM_DEDUPE_ variables" .name) }}
   {{- end }}
 {{- end }}
+{{- range .Values.envFrom }}
+  {{- if hasPrefix "LLM_DEDUPE_" (.prefix | default "") }}
+    {{- fail "envFrom: a prefix LLM_DEDUPE_ would set the proxy's configuration: set it in config (checked by the schema) and its secrets in secrets" }}
+  {{- end }}
+{{- end }}
+
+{{- if and .Values.networkPolicy.enabled (not .Values.networkPolicy.api.from) }}
+  {{- fail "networkPolicy.api.from: name the peers that may reach the API (clients, the ingress controller, Prometheus); empty would let every pod of the cluster in. [{\"namespaceSelector\": {}}] says every pod on purpose" }}
+{{- end }}
+{{- if and .Values.ingress.enabled (not .Values.ingress.hosts) }}
+  {{- fail "ingress.hosts: name the host names the Ingress routes to the proxy" }}
+{{- end }}
+{{- if and .Values.httpRoute.enabled (not .Values.httpRoute.parentRefs) }}
+  {{- fail "httpRoute.parentRefs: name the Gateway the route attaches to" }}
+{{- end }}
+{{- $_ := include "llm-dedupe-proxy.goMemLimit" . }}
+{{- $_ = include "llm-dedupe-proxy.goMaxProcs" . }}
 {{- end }}
 
 {{/* OTEL_RESOURCE_ATTRIBUTES: the release's namespace, then tracing.resourceAttributes. */}}
