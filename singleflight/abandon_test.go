@@ -405,3 +405,42 @@ func TestUnwaitOfAnOlderFlightLeavesANewerMark(t *testing.T) {
 		t.Fatalf("second caller: %q %v, %d calls; want the whole first call", got.body, got.err, c.calls.Load())
 	}
 }
+
+// A caller elsewhere that asked the call to finish makes it finish, even once it has left.
+func TestFinishAskedElsewhereOutlastsItsCaller(t *testing.T) {
+	a, b, _ := twoInstances(t, 10*time.Millisecond, false)
+	c := newLongCall()
+	key := uniqueKey()
+	owner := firstChunk(t, a, key, c.fn)
+	r, err := b.DoWith(key, CallOptions{Finish: true}, c.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Next(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	unwaited := make(chan struct{})
+	b.hooks.unwaiting = func(sent bool) {
+		if sent {
+			close(unwaited)
+		}
+	}
+	r.Close()
+	<-unwaited
+	owner.Close()
+	rn := a.coord.(*remote).renewer
+	rounds := rn.round.Load()
+	waitCond(t, 5*time.Second, "five renewal rounds", func() bool { return rn.round.Load() >= rounds+5 })
+	c.notCut(t)
+	close(c.release)
+	waitCond(t, 5*time.Second, "the answer stored", func() bool { return storedIn(a, key) })
+	if got := readAll(context.Background(), mustDo(t, b, key, c.fn)); got.role != RoleHit || got.body != c.whole(1) {
+		t.Fatalf("next caller: %v %q %v; want a hit of the finished call", got.role, got.body, got.err)
+	}
+}
+
+// storedIn reports whether g has an answer of key stored in its memory.
+func storedIn(g *Group, key string) bool {
+	_, ok := g.cachedWithin(key, 0)
+	return ok
+}
