@@ -29,6 +29,7 @@ type attemptCut struct {
 type idleSpell struct {
 	since  time.Time // zero: a caller waits
 	unread int64     // bytes the attempt produced meanwhile, for nobody
+	ended  *Event    // the end of the last spell, observed by emitIdle outside the locks
 }
 
 // Outcomes of an idle spell (Event.Reason of EventAbandoned).
@@ -47,13 +48,17 @@ func (f *flight) waiting() int {
 	return n
 }
 
-// mark is what a follow's mark in Redis holds: how many callers wait here, and which local
-// flight wrote it ("3/17"), so that the unwait of an older flight leaves a newer one's mark.
-func (f *flight) mark() string {
+// mark names the field in which a follow marks the flight waited for by f in Redis
+// (w:<instance>:<local flight>), and what it holds: how many callers wait on f.
+func (f *flight) mark() (field string, callers int) {
 	f.mu.Lock()
-	n := max(f.waiting(), 1) // the first caller may not be counted yet
-	f.mu.Unlock()
-	return strconv.Itoa(n) + "/" + strconv.FormatUint(f.seq, 10)
+	defer f.mu.Unlock()
+	return strconv.FormatUint(f.seq, 10), max(f.waiting(), 1) // the first caller may not be counted yet
+}
+
+// markOf is f's mark field in Redis, less its "w:" prefix.
+func (r *remote) markOf(f *flight) string {
+	return r.g.opts.InstanceID + ":" + strconv.FormatUint(f.seq, 10)
 }
 
 // mayCut reports whether the idle spell may end in a cut; f.mu held.
@@ -69,7 +74,7 @@ func (g *Group) updateIdle(f *flight) {
 		return
 	}
 	if idle {
-		f.idle = idleSpell{since: time.Now()}
+		f.idle = idleSpell{since: time.Now(), ended: f.idle.ended}
 		if !f.finishAll {
 			f.idleTimer = time.AfterFunc(g.opts.AbandonGrace, func() { g.cutDue(f) })
 		}
@@ -87,14 +92,25 @@ func (g *Group) endIdle(f *flight, outcome string) {
 		f.idleTimer.Stop()
 		f.idleTimer = nil
 	}
-	g.observe(Event{Kind: EventAbandoned, Key: f.key, Reason: outcome, Bytes: f.idle.unread,
-		Duration: time.Since(f.idle.since)})
-	f.idle = idleSpell{}
+	f.idle = idleSpell{ended: &Event{Kind: EventAbandoned, Key: f.key, Reason: outcome, Bytes: f.idle.unread,
+		Duration: time.Since(f.idle.since)}}
+}
+
+// emitIdle observes the end of an idle spell, if one ended; no lock held.
+func (g *Group) emitIdle(f *flight) {
+	f.mu.Lock()
+	ev := f.idle.ended
+	f.idle.ended = nil
+	f.mu.Unlock()
+	if ev != nil {
+		g.observe(*ev)
+	}
 }
 
 // ownedBy records the attempt that runs here, or its end (a nil a) as cancelled or
 // finished; its idle spell starts at once if no caller waits.
 func (g *Group) ownedBy(f *flight, a *attemptCut, cancelled bool) {
+	defer g.emitIdle(f)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	f.mu.Lock()
@@ -112,6 +128,7 @@ func (g *Group) ownedBy(f *flight, a *attemptCut, cancelled bool) {
 
 // callerGone is the end of a caller's Context: it waits no more (see CallOptions.Context).
 func (g *Group) callerGone(f *flight) {
+	defer g.emitIdle(f)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	f.mu.Lock()
@@ -128,16 +145,16 @@ func (g *Group) callerGone(f *flight) {
 // cutDue runs when an idle spell has lasted the grace: the attempt is cut if its
 // coordinator agrees that no caller waits anywhere (see ownership.cut).
 func (g *Group) cutDue(f *flight) {
-	if !g.counted() {
-		return
+	counted := g.counted()
+	if counted {
+		defer g.wg.Done()
 	}
-	defer g.wg.Done()
 	f.mu.Lock()
 	a := f.cut
 	due := f.mayCut() && time.Since(f.idle.since) >= g.opts.AbandonGrace
 	f.mu.Unlock()
-	if !due {
-		return
+	if !due || !counted && a.o.remote() {
+		return // a closed Group asks Redis nothing; its renewals still cut
 	}
 	cut := a.o.cut(g.ctx)
 	if g.hooks.cutAsked != nil {
@@ -170,17 +187,6 @@ func (g *Group) cutAttempt(f *flight, o ownership) {
 	a.cancel(ErrAbandoned)
 }
 
-// othersOf reports whether this process has another local flight of f's key (one with
-// other CallOptions), whose callers the instance's mark in Redis also stands for; g.mu held.
-func (g *Group) othersOf(f *flight) bool {
-	for _, o := range g.flights {
-		if o != f && o.key == f.key {
-			return true
-		}
-	}
-	return false
-}
-
 // noteUnread counts n bytes of the attempt produced while nobody waited; f.mu held.
 func (f *flight) noteUnread(n int) {
 	if !f.idle.since.IsZero() {
@@ -188,14 +194,11 @@ func (f *flight) noteUnread(n int) {
 	}
 }
 
-// unwait takes this instance's mark off a flight it followed, once its callers have all
-// left: the owner may cut the call a grace later (unwait.lua). Without an answer the mark
-// stays, and the call runs to its end.
+// unwait takes f's mark off a flight it followed, once its lead ended without the answer:
+// the owner may cut the call a grace later (unwait.lua). Without an answer from Redis the
+// mark stays, and the call runs to its end.
 func (r *remote) unwait(f *flight) {
-	r.g.mu.Lock()
-	others := r.g.othersOf(f)
-	r.g.mu.Unlock()
-	if others {
+	if r.g.ctx.Err() != nil || r.unusable(f.key) {
 		return
 	}
 	if r.g.hooks.unwaiting != nil {
@@ -208,7 +211,7 @@ func (r *remote) unwait(f *flight) {
 	k := r.keys(f.key)
 	ctx, cancel := r.watchedOp(r.g.ctx, k.meta)
 	defer cancel()
-	err := unwaitScript.Run(ctx, r.rdb, []string{k.meta}, r.g.opts.InstanceID, flag(finish), "/"+strconv.FormatUint(f.seq, 10)).Err()
+	err := unwaitScript.Run(ctx, r.rdb, []string{k.meta}, r.markOf(f), flag(finish)).Err()
 	if err != nil && !errors.Is(err, context.Canceled) {
 		_ = r.redisErr("unwait", f.key, err)
 	}

@@ -158,6 +158,7 @@ func TestFinishKeepsACallNobodyWaitsFor(t *testing.T) {
 			c.notCut(t)
 			close(c.release)
 			rec.waitMatch(t, "a finished spell", func(e Event) bool { return e.Kind == EventAbandoned && e.Reason == abandonFinished }, 5*time.Second)
+			rec.waitFor(t, EventFlightEnd, 1, 5*time.Second) // after its final write
 			got := storeOne(t, g, key, "unused")
 			if got.role != RoleHit || got.body != c.whole(1) {
 				t.Fatalf("after the finished call: %v %q; want a hit of it", got.role, got.body)
@@ -443,4 +444,112 @@ func TestFinishAskedElsewhereOutlastsItsCaller(t *testing.T) {
 func storedIn(g *Group, key string) bool {
 	_, ok := g.cachedWithin(key, 0)
 	return ok
+}
+
+// Redis lost the meta and the owner put it back (ADR 0010) without the marks of the
+// followers elsewhere: a restored flight finishes, never cut while they may wait.
+func TestRestoredFlightIsNotCutUnderItsFollowers(t *testing.T) {
+	a, b, _ := twoInstances(t, 20*time.Millisecond, false)
+	c := newLongCall()
+	key := uniqueKey()
+	owner := firstChunk(t, a, key, c.fn)
+	follower := firstChunk(t, b, key, c.fn)
+	owner.Close() // only b's mark keeps the call
+	r := a.coord.(*remote)
+	if err := r.rdb.Del(context.Background(), r.keys(key).meta).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rn := r.renewer
+	rounds := rn.round.Load()
+	waitCond(t, 5*time.Second, "three renewal rounds", func() bool { return rn.round.Load() >= rounds+3 })
+	c.notCut(t)
+	close(c.release)
+	got := readAll(context.Background(), follower) // its first chunk was read
+	if got.err != nil || got.body != "data: call 1 second\n\n" {
+		t.Fatalf("follower elsewhere after a restore: %q %v; want the rest of the call", got.body, got.err)
+	}
+}
+
+// The followers of a flight whose attempts ran out leave no mark on the next flight of the
+// key: a call nobody waits for is cut.
+func TestMarksOfAFailedFlightDoNotKeepTheNext(t *testing.T) {
+	srv := backend{name: "redis", redis: redistest.Start(t)}
+	o := Options{AbandonGrace: 20 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond,
+		LeaseTTL: 2 * time.Second, ResultTTL: time.Minute, MaxAttempts: 1}
+	a, b := srv.group(t, o), srv.group(t, o)
+	key := uniqueKey()
+	gate := make(chan struct{})
+	failing := func(ctx context.Context, w *Writer) (Result, error) {
+		<-gate
+		return Result{Outcome: Retry, Head: Head{Status: 500}}, nil
+	}
+	ra := mustDo(t, a, key, failing)
+	waitCond(t, 5*time.Second, "a owns", func() bool { return a.flightRole(key) == RoleOwner })
+	rb := mustDo(t, b, key, failing)
+	waitCond(t, 5*time.Second, "b follows", func() bool { return b.flightRole(key) == RoleFollower })
+	close(gate)
+	for _, r := range []*Reader{ra, rb} {
+		if got := readAll(context.Background(), r); got.head.Status != 500 {
+			t.Fatalf("failed flight: %d %v; want its 500", got.head.Status, got.err)
+		}
+	}
+	c := newLongCall()
+	firstChunk(t, a, key, c.fn).Close() // a client's retry, which leaves in turn
+	c.waitCut(t)
+	close(c.release)
+}
+
+// Two local flights of one key on a follower's instance (a no-cache caller came while the
+// first one's lookup was out) each have a mark of their own: once both have left, the call
+// is cut.
+func TestTwoLocalFlightsOfAKeyEachUnmark(t *testing.T) {
+	a, b, _ := twoInstances(t, 20*time.Millisecond, false)
+	c := newLongCall()
+	key := uniqueKey()
+	owner := firstChunk(t, a, key, c.fn)
+	second := make(chan *Reader, 1)
+	b.hooks.lookingUp = once(func() {
+		y, err := b.DoWith(key, CallOptions{NoCache: true}, c.fn) // the first flight's role is not known yet
+		if err != nil {
+			t.Error(err)
+		}
+		second <- y
+	})
+	x := mustDo(t, b, key, c.fn)
+	y := <-second
+	if x.f == y.f {
+		t.Fatal("the no-cache caller joined the first flight before its lookup")
+	}
+	for _, rd := range []*Reader{x, y} {
+		if _, err := rd.Next(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x.Close()
+	owner.Close()
+	rn := a.coord.(*remote).renewer
+	rounds := rn.round.Load()
+	waitCond(t, 5*time.Second, "three renewal rounds", func() bool { return rn.round.Load() >= rounds+3 })
+	c.notCut(t) // y waits
+	y.Close()
+	c.waitCut(t)
+	close(c.release)
+}
+
+// A call kept for a caller that joined here as Redis cut it is cut once that caller leaves.
+func TestCallKeptAtTheCutIsCutWhenItsCallerLeaves(t *testing.T) {
+	a, _, _ := twoInstances(t, 20*time.Millisecond, true)
+	c := newLongCall()
+	key := uniqueKey()
+	joined := make(chan *Reader, 1)
+	join := once(func() { joined <- mustDo(t, a, key, c.fn) })
+	a.hooks.cutAsked = func(bool) { join() }
+	firstChunk(t, a, key, c.fn).Close()
+	r := <-joined
+	if _, err := r.Next(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.Close() // the call is for nobody again
+	c.waitCut(t)
+	close(c.release)
 }

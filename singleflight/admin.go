@@ -155,9 +155,10 @@ func (r *remote) scanFlights(ctx context.Context, c redis.Cmdable, limit int) ([
 			info.Waiting[info.Owner] = int(num(v, 4))
 		}
 		for f, n := range m {
-			if id, ok := strings.CutPrefix(f, "w:"); ok && id != info.Owner {
-				callers, _, _ := strings.Cut(n, "/")
-				info.Waiting[id] = int(num([]any{callers}, 0))
+			if mark, ok := strings.CutPrefix(f, "w:"); ok {
+				if id, _, _ := strings.Cut(mark, ":"); id != info.Owner {
+					info.Waiting[id] += int(num([]any{n}, 0))
+				}
 			}
 		}
 		left := num(v, 1) - nowMs

@@ -125,7 +125,7 @@ func TestLateJoinerOfFollowingFlight(t *testing.T) {
 func TestFollowerEndingFromStoredAnswerIsFenced(t *testing.T) {
 	sc := heldAfterAnswer(t, redistest.Start(t), Options{ResultTTL: time.Minute}, false, true)
 	r := sc.other.g.rem()
-	d, err := r.lookup(sc.early.f.key, false, "", CallOptions{}, "1/1")
+	d, err := r.lookup(sc.early.f.key, false, "", CallOptions{}, "1", 1)
 	if err != nil || d.verdict != verdictHit || d.landed == 0 {
 		t.Fatalf("lookup after the answer: %+v, %v; want a hit with its fence", d, err)
 	}

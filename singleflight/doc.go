@@ -26,7 +26,7 @@
 // With the prefix P (default "ai:flight") and the key K:
 //
 //	P:meta:{K}    hash    state R|D|F|A, token, owner, lease_until, attempt, created, gen, n, route, model;
-//	                      w:ID (instance ID follows), left, finish, oc (ADR 0074)
+//	                      w:ID:F (local flight F of instance ID follows), left, finish, oc (ADR 0074)
 //	P:stream:{K}  stream  gen, chunk, done, failed entries, each with the writer's token
 //	                      (done also has landed: when it was written, µs; see answered.go)
 //	P:result:{K}  hash    status, header, body, at, token, landed   (only for a stored outcome)

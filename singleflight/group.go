@@ -47,6 +47,7 @@ type hooks struct {
 	confirmed    func(answers bool)        // a timeout's confirmation PING ended (see confirm)
 	cutAsked     func(cut bool)            // an idle spell's grace ran out and the coordinator answered, before the call is cut
 	unwaiting    func(sent bool)           // a followed flight's callers all left: before its instance's mark is taken off, and after
+	lookingUp    func()                    // a leader is about to look its flight up in Redis
 }
 
 // New returns a Group. Close it to stop its goroutines.
@@ -116,6 +117,7 @@ func (g *Group) DoWith(key string, o CallOptions, fn Func) (*Reader, error) {
 	g.updateIdle(f) // a caller that comes back within the grace keeps the call (ADR 0074)
 	f.mu.Unlock()
 	g.mu.Unlock()
+	g.emitIdle(f)
 	rd := &Reader{g: g, f: f, leader: leader, fn: fn, call: o}
 	rd.joined = f.started
 	if !leader {
@@ -152,6 +154,7 @@ var noCancel context.CancelCauseFunc = func(error) {}
 // leave is called when a reader closes. A flight whose last caller leaves ends, unless
 // owned here: then it may be cut once nobody waits anywhere (ADR 0074).
 func (g *Group) leave(f *flight, leader, delivered bool) {
+	defer g.emitIdle(f)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	f.mu.Lock()

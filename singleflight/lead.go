@@ -2,7 +2,6 @@ package singleflight
 
 import (
 	"context"
-	"errors"
 	"time"
 )
 
@@ -45,7 +44,8 @@ type leader struct {
 	role     Role     // the role reported for the flight
 
 	fresh     bool // no attempt of its key seen yet (claim.lua may restart the count)
-	marked    bool // a follow marked the flight waited for by this instance (ADR 0074)
+	marked    bool // a lookup or claim may have marked the flight waited for by f (ADR 0074)
+	answered  bool // the lead ended with the flight's answer: Redis's flight is over
 	contended bool // the jitter before a takeover was waited
 	caughtUp  bool // the stream was read for a finished newer attempt
 
@@ -82,8 +82,8 @@ func (l *leader) run(st leadState) bool {
 		case leadLocal:
 			st = l.local()
 		case leadEnded:
-			if l.marked && errors.Is(context.Cause(l.ctx), errCallersLeft) {
-				l.r.unwait(l.f)
+			if l.marked && !l.answered {
+				l.r.unwait(l.f) // no mark stays of callers that wait no more (ADR 0074)
 			}
 			return true
 		case leadDetached:
@@ -116,19 +116,24 @@ func (l *leader) lookup() leadState {
 			return leadLocal // the token's owner-seq timed out: one deadline is all a caller waits
 		}
 	}
-	d, err := r.lookup(f.key, f.noCache, candidate, f.call, f.mark())
+	if r.g.hooks.lookingUp != nil {
+		r.g.hooks.lookingUp()
+	}
+	mark, callers := f.mark()
+	l.marked = true // a follow marks the flight, even if its answer is lost (ADR 0074)
+	d, err := r.lookup(f.key, f.noCache, candidate, f.call, mark, callers)
 	if err != nil {
 		return leadLocal
 	}
 	f.sawRedis(d.clock)
 	l.d = d
-	l.marked = l.marked || d.verdict == verdictFollow
 	switch d.verdict {
 	case verdictOwner:
 		return leadOwn
 	case verdictHit:
 		l.decide(RoleHit)
 		r.serveHit(f, d, &l.pos)
+		l.answered = true
 		return leadEnded
 	case verdictFollow:
 		return leadFollow
@@ -157,14 +162,15 @@ func (l *leader) claim() leadState {
 	if g.hooks.beforeClaim != nil {
 		g.hooks.beforeClaim()
 	}
-	d, err := r.claim(l.ctx, f.key, token, seen, l.fresh, f.call, f.mark())
+	mark, callers := f.mark()
+	l.marked = true
+	d, err := r.claim(l.ctx, f.key, token, seen, l.fresh, f.call, mark, callers)
 	if err != nil {
 		return leadLocal
 	}
 	f.sawRedis(d.clock)
 	l.contended = false
 	l.d = d
-	l.marked = l.marked || d.verdict == verdictFollow
 	switch d.verdict {
 	case verdictFollow:
 		return leadFollow
@@ -214,6 +220,7 @@ func (l *leader) own() leadState {
 	end, res, _ := g.own(withAttempt(l.ctx, a), f, newRemoteOwnership(l.r, f, l.d))
 	switch end {
 	case attemptDone, attemptAbandoned:
+		l.answered = true // done, or cut: no mark counts any more
 		return leadEnded
 	case attemptLeaseLost:
 		if !f.canUseNewGen() {
@@ -298,6 +305,7 @@ func (l *leader) followed(end followEnd) leadState {
 	l.fw = nil
 	switch end.kind {
 	case followDone:
+		l.answered = l.ctx.Err() == nil // else its callers left
 		return leadEnded
 	case followRedisErr:
 		return leadLocal

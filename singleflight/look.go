@@ -86,7 +86,8 @@ func (fw *follower) recheck() lookResult {
 	if !r.usableAfterVerdict(l.ctx, f.key) {
 		return fw.blind() // a look would wait on a Redis that may hang (ADR 0056)
 	}
-	d, err := r.lookup(f.key, f.noCache, "", f.call, f.mark())
+	mark, callers := f.mark()
+	d, err := r.lookup(f.key, f.noCache, "", f.call, mark, callers)
 	if l.ctx.Err() != nil {
 		fw.end(followEnd{kind: followDone})
 		return lookEnd

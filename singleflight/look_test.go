@@ -245,7 +245,7 @@ func TestFollowerOfAClaimNobodyRunsTakesOver(t *testing.T) {
 	ownEach(t, a, 1, func(int) Func { return busy.fn }) // A's alive messages go on
 	key := uniqueKey()
 	ctx := context.Background()
-	if d, err := a.rem().lookup(key, false, a.rem().newToken(ctx), CallOptions{}, "1/1"); err != nil || d.verdict != verdictOwner {
+	if d, err := a.rem().lookup(key, false, a.rem().newToken(ctx), CallOptions{}, "1", 1); err != nil || d.verdict != verdictOwner {
 		t.Fatalf("the lost claim: %+v, %v", d, err)
 	}
 	local := newReply("local")
@@ -305,11 +305,11 @@ func TestTakeoverSeenInTheStreamCountsAliveMessagesOnlyOnceItsOwnerWorks(t *test
 	if err := srv.Client().HSet(ctx, f.rem().keys(key).meta, "lease_until", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
-	seen, err := c.rem().lookup(key, false, "", CallOptions{}, "1/1")
+	seen, err := c.rem().lookup(key, false, "", CallOptions{}, "1", 1)
 	if err != nil || seen.verdict != verdictClaim || seen.seen != seenExpired {
 		t.Fatalf("C's look: %+v, %v; want an expired lease to claim", seen, err)
 	}
-	if d, err := c.rem().claim(ctx, key, c.rem().newToken(ctx), seen, false, CallOptions{}, "1/1"); err != nil || d.verdict != verdictOwner {
+	if d, err := c.rem().claim(ctx, key, c.rem().newToken(ctx), seen, false, CallOptions{}, "1", 1); err != nil || d.verdict != verdictOwner {
 		t.Fatalf("the lost claim: %+v, %v", d, err)
 	}
 	start := time.Now()

@@ -67,7 +67,6 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 
 	w := &Writer{g: g, f: f, o: o, ctx: fctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	g.ownedBy(f, &attemptCut{o: o, cancel: cancel}, false)
-	defer func() { g.ownedBy(f, nil, errors.Is(context.Cause(fctx), ErrAbandoned)) }()
 	// Under the hard timeout, and on until the final write (ADRs 0007, 0008): end ends the
 	// attempt, here or after a final write that goes on past this call (ADR 0056).
 	stopHeartbeat := o.heartbeat(tctx, cancel)
@@ -87,6 +86,8 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	}()
 
 	res, err := callOwner(tctx, f.fn, w)
+	// Returned, the call is not cut: its final write decides (ADR 0074).
+	g.ownedBy(f, nil, errors.Is(context.Cause(fctx), ErrAbandoned))
 	// An answer returned before anything ended its context is whole: its local readers get
 	// it even if the final flush or write is fenced (ADR 0027).
 	whole := err == nil && res.Outcome != Retry && context.Cause(tctx) == nil

@@ -105,13 +105,13 @@ func (r *remote) runningTTL() int64 {
 
 // lookup asks what a caller of key should do; with a candidate it may claim (ADR 0002).
 // A follow marks the flight waited for by callers of this instance (ADR 0074).
-func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptions, mark string) (decision, error) {
+func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptions, mark string, callers int) (decision, error) {
 	k := r.keys(key)
 	o := r.g.opts
 	sent := time.Now()
 	v, err := r.batch.run(lookupScript, []string{k.meta, k.result, k.stream},
 		flag(noCache), candidate, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.Linger.Milliseconds(),
-		co.MaxAge.Milliseconds(), co.Route, co.Model, mark).Slice()
+		co.MaxAge.Milliseconds(), co.Route, co.Model, mark, callers).Slice()
 	if err != nil {
 		return decision{}, r.redisErr("lookup", key, err)
 	}
@@ -148,7 +148,7 @@ func (r *remote) newToken(ctx context.Context) string {
 }
 
 // claim takes the flight over if its meta still has the token and state seen (ADR 0003).
-func (r *remote) claim(ctx context.Context, key, token string, seen decision, fresh bool, co CallOptions, mark string) (decision, error) {
+func (r *remote) claim(ctx context.Context, key, token string, seen decision, fresh bool, co CallOptions, mark string, callers int) (decision, error) {
 	k := r.keys(key)
 	o := r.g.opts
 	sent := time.Now()
@@ -156,7 +156,7 @@ func (r *remote) claim(ctx context.Context, key, token string, seen decision, fr
 	defer cancel()
 	v, err := claimScript.Run(ctx, r.rdb, []string{k.meta, k.stream},
 		token, seen.token, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.MaxAttempts, flag(fresh),
-		seen.seen.state(), o.Linger.Milliseconds(), co.Route, co.Model, mark).Slice()
+		seen.seen.state(), o.Linger.Milliseconds(), co.Route, co.Model, mark, callers).Slice()
 	if err != nil {
 		return decision{}, r.redisErr("claim", key, err)
 	}

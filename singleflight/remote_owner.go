@@ -94,11 +94,11 @@ func (o *remoteOwnership) renewArgs() []any {
 }
 
 // cutArgs are what renew.lua needs to cut a call nobody waits for (ADR 0074): how long
-// nobody has waited here (” while one does, or one asked to finish), the instance whose
-// mark a cut does not count (” when another local flight of the key follows here), and
-// the callers waiting here.
+// nobody has waited here (empty while one does, or one asked to finish), the owner's own
+// mark (left from when its flight followed), which a cut does not count, and the callers
+// waiting here.
 func (o *remoteOwnership) cutArgs() (idle, self string, callers int) {
-	f, g := o.f, o.r.g
+	f := o.f
 	f.mu.Lock()
 	callers = f.waiting()
 	may, since := f.mayCut(), f.idle.since
@@ -106,13 +106,7 @@ func (o *remoteOwnership) cutArgs() (idle, self string, callers int) {
 	if !may {
 		return "", "", callers
 	}
-	g.mu.Lock()
-	others := g.othersOf(f)
-	g.mu.Unlock()
-	if !others {
-		self = g.opts.InstanceID
-	}
-	return strconv.FormatInt(time.Since(since).Milliseconds(), 10), self, callers
+	return strconv.FormatInt(time.Since(since).Milliseconds(), 10), o.r.markOf(f), callers
 }
 
 // cutRenew is renew.lua's answer that it cut the flight.
@@ -121,6 +115,9 @@ const cutRenew = -2
 // cut asks Redis to cut the flight now, with a renewal that says how long nobody has
 // waited here; false (the lease renewed, or Redis not asked) leaves the call running.
 func (o *remoteOwnership) cut(ctx context.Context) bool {
+	if o.cutIn.Load() {
+		return true // Redis cut it already; a caller that came meanwhile has left too
+	}
 	if o.r.unusable(o.key) {
 		return false // followers elsewhere cannot be seen: the call goes on
 	}
@@ -168,6 +165,10 @@ func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, da
 		o.args(o.token, n, status, header, data, o.r.runningTTL(), o.r.g.opts.StreamMaxLen)...).Int64()
 	if err == nil && v == 2 {
 		return errStreamFull
+	}
+	if err == nil && v == cutRenew {
+		o.cutIn.Store(true) // cut meanwhile: the cut cancels the call (ADR 0074)
+		return nil
 	}
 	if err == nil && v == 1 {
 		o.n.Store(int64(n))

@@ -4,11 +4,14 @@
 -- ARGV[4] header (JSON)  ARGV[5] data  ARGV[6] ttl_ms  ARGV[7] stream maxlen
 -- returns 1 appended (or already appended: safe to run twice), 0 fenced, 2 the stream
 -- holds maxlen entries: the owner sends the rest with its final write, -1 the meta is
--- gone and was not put back (see renew.lua)
+-- gone and was not put back (see renew.lua), -2 this owner's flight was cut
 -- then the six ARGV of restore.lua, which runs first if the meta is gone
 local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n')
 if not m[1] then
   return -1
+end
+if m[1] == 'A' and m[2] == ARGV[1] then
+  return -2 -- cut: nobody waits (ADR 0074)
 end
 if m[1] ~= 'R' or m[2] ~= ARGV[1] then
   return 0

@@ -5,7 +5,7 @@
 -- ARGV[7] fresh ("1": a new caller, may restart the attempt count of a flight that gave up)
 -- ARGV[8] seen_state (R, F, D, A; '' = absent)  ARGV[9] linger_ms
 -- ARGV[10] route  ARGV[11] model   (shown by the flights listing)
--- ARGV[12] the mark of this instance's callers, written when it follows (see lookup.lua)
+-- ARGV[12] ARGV[13] the local flight and its callers, marked when it follows (see lookup.lua)
 -- returns {"owner", attempt, gen_id, lease_until, now_us}
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt, now_us}   (now_us: as lookup's)
 --      or {"changed"}     the meta moved on since the claimer looked: look again
@@ -21,7 +21,7 @@ if m[2] == ARGV[1] then
 end
 if m[1] == 'R' and tonumber(m[3]) > now then
   if (ARGV[12] or '') ~= '' then
-    redis.call('HSET', KEYS[1], 'w:' .. ARGV[3], ARGV[12])
+    redis.call('HSET', KEYS[1], 'w:' .. ARGV[3] .. ':' .. ARGV[12], ARGV[13])
   end
   return {'follow', m[2], tonumber(m[3]) - now, m[5], tonumber(m[4]), now_us}
 end
@@ -42,6 +42,12 @@ if m[1] == 'R' or m[1] == 'F' then
       return {'exhausted'}
     end
     attempt = 1
+    -- A flight begun anew: those who waited for the last one have given up (ADR 0074).
+    for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do
+      if string.sub(f, 1, 2) == 'w:' or f == 'left' or f == 'finish' then
+        redis.call('HDEL', KEYS[1], f)
+      end
+    end
   end
 end
 

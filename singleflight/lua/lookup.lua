@@ -7,9 +7,9 @@
 -- ARGV[3] owner (instance id)  ARGV[4] lease_ms  ARGV[5] ttl_ms  ARGV[6] linger_ms
 -- ARGV[7] max_age_ms (> 0: a stored result older than this is not served)
 -- ARGV[8] route  ARGV[9] model   (shown by the flights listing; written when claiming)
--- ARGV[10] mark: "<callers>/<local flight>", the callers waiting on this instance ('' =
---          mark nothing); a follow marks the flight waited for by this instance
---          (w:<instance>) so that its owner does not cut it (ADR 0074)
+-- ARGV[10] local flight: a follow marks the flight waited for by that local flight of this
+--          instance (w:<instance>:<local flight> = ARGV[11], its callers), so that its
+--          owner does not cut it (ADR 0074); '' marks nothing
 -- returns {"hit", status, header, body, age_ms, token, ttl_left_ms, landed_us}   token: of the attempt
 --          that stored it; landed_us: when its complete ran
 --      or {"owner", attempt, gen_id, lease_until, now_us}    claimed with the candidate
@@ -60,7 +60,7 @@ if m[1] == 'R' then
   local rem = tonumber(m[3]) - now
   if rem > 0 then
     if (ARGV[10] or '') ~= '' then
-      redis.call('HSET', KEYS[1], 'w:' .. ARGV[3], ARGV[10])
+      redis.call('HSET', KEYS[1], 'w:' .. ARGV[3] .. ':' .. ARGV[10], ARGV[11])
     end
     return {'follow', m[2], rem, m[5], attempt, tonumber(m[6]) or -1, now_us}
   end

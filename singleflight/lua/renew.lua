@@ -3,7 +3,8 @@
 -- ARGV[1] token  ARGV[2] lease_ms  ARGV[3] ttl_ms
 -- ARGV[4] idle_ms: how long no caller has waited on the owner's instance ('' = one waits,
 --         or one asked that the call finish)  ARGV[5] grace_ms
--- ARGV[6] the owner's instance, whose own mark is not counted ('' = count every mark)
+-- ARGV[6] the mark of the owner's own local flight ("<instance>:<local flight>", left from
+--         when it followed), not counted
 -- ARGV[7] callers waiting on the owner's instance (shown by the flights listing)
 -- returns the new lease_until (Redis time, ms), or 0: not the owner (fenced: another owner
 -- took over, or the flight ended), or -1: the meta is gone and was not put back (Redis lost
@@ -14,6 +15,9 @@
 local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token')
 if not m[1] then
   return -1
+end
+if m[1] == 'A' and m[2] == ARGV[1] then
+  return -2 -- cut already, by this owner's other request
 end
 if m[1] ~= 'R' or m[2] ~= ARGV[1] then
   return 0
@@ -28,6 +32,7 @@ if ARGV[4] ~= '' and tonumber(ARGV[4]) >= tonumber(ARGV[5]) then
       waiting = waiting + 1
     end
   end
+  -- finish: a caller asked it, or the meta was restored (restore.lua): marks are not.
   local c = redis.call('HMGET', KEYS[1], 'finish', 'left')
   if waiting == 0 and c[1] ~= '1' and (not c[2] or now - tonumber(c[2]) >= tonumber(ARGV[5])) then
     redis.call('DEL', KEYS[1], KEYS[2])

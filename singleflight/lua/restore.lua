@@ -17,9 +17,10 @@ local function restore(meta, stream, token)
     return -- the lease ran out: another may have owned and finished the flight since
   end
   local gen = xadd(stream, {'t', 'gen', 'tok', token, 'a', ARGV[r + 1]})
+  -- Followers' marks are lost with the meta: finish, so that no cut counts on them (ADR 0074).
   redis.call('HSET', meta, 'state', 'R', 'token', token, 'owner', ARGV[r],
     'lease_until', int(now + tonumber(ARGV[r + 4])), 'attempt', ARGV[r + 1], 'created', int(now),
-    'gen', gen, 'n', ARGV[r + 3])
+    'gen', gen, 'n', ARGV[r + 3], 'finish', '1')
   redis.call('PEXPIRE', meta, ARGV[r + 5])
   redis.call('PEXPIRE', stream, ARGV[r + 5])
 end
