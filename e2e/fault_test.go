@@ -148,8 +148,12 @@ func TestRollingRestart(t *testing.T) {
 	c.fake.release()
 
 	t.Logf("TAKEOVER shutdown=%dms lease=%dms shutdown_timeout=%dms after_release=%dms", ms(took), ms(leaseTTL), ms(grace), ms(took-grace))
-	// Released at once: faster than any expiry of a lease renewed until the release.
-	within(t, "takeover after SIGTERM", took, grace, grace+leaseTTL-heartbeat-100*time.Millisecond)
+	// Not before shutdown_timeout. That it came from the release, not from the lease
+	// running out, is what takeovers{reason=shutdown} below says: no upper bound in time,
+	// which a loaded machine would break across processes.
+	if took < grace {
+		t.Errorf("takeover after SIGTERM took %v; want at least shutdown_timeout, %v", took.Round(time.Millisecond), grace)
+	}
 	if code := old.wait(10 * time.Second); code != 0 {
 		t.Errorf("old owner exited with status %d; want 0", code)
 	}
