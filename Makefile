@@ -5,8 +5,13 @@ LDFLAGS := -X main.version=$(VERSION)
 
 .PHONY: test deps fmt-check vet chart-test build run bench
 
+# TEST_TIMEOUT bounds each package's test binary: a hung test fails its package with the
+# names of the tests still running and every goroutine's stack, instead of using up CI's
+# budget. Several times the slowest package's time (e2e; see e2e/README.md).
+TEST_TIMEOUT ?= 15m
+
 test: deps fmt-check vet
-	go test -race -count=1 ./...
+	go test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	$(MAKE) --no-print-directory chart-test
 
 # The Helm chart's tests: lint, render over several value sets, strict decoding with the
@@ -14,7 +19,7 @@ test: deps fmt-check vet
 # on the alerts. A module of its own (deploy/helm/charttest; see docs/adr/0053-helm-chart.md),
 # which `go test ./...` at the root does not enter.
 chart-test:
-	cd deploy/helm/charttest && go vet ./... && go test -count=1 ./...
+	cd deploy/helm/charttest && go vet ./... && go test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 deps:
 	bash scripts/ensure-deps.sh

@@ -20,8 +20,9 @@ import (
 // all three instances at once; with result_ttl 0 every round is a new flight of each
 // prompt, which costs one upstream call when the instances deduplicate. One master (not the
 // one holding the token counter) is killed with kill -9 mid-run; traffic goes on until its
-// replica has been promoted and for a while after. The upstream calls beyond one per
-// prompt and round are counted, split by whether the prompt's key lives on the killed
+// replica has been promoted and for a while after. Each round's upstream calls are held
+// until every one of its requests is in a flight, so that they overlap. The upstream calls
+// beyond one per prompt and round are counted, split by whether the prompt's key lives on the killed
 // shard or a healthy one, and logged with how long the instances were degraded:
 //
 //	go test -count=1 -run TestClusterFailover -v ./e2e/ | grep CLUSTER-FAILOVER
@@ -32,8 +33,9 @@ import (
 // It runs with Redis's default cluster-require-full-coverage yes, under which every node
 // refuses every key from the moment the master is marked failed until its replica is
 // promoted, and with it set to no. Both assert that every client gets a whole answer of an
-// upstream call made for its own prompt, and none hangs; with partial coverage, also that
-// flights on the healthy shards keep their distributed dedupe: no extra call.
+// upstream call made for its own prompt, none hangs, and no round before the kill makes an
+// extra call; with partial coverage, also that flights on the healthy shards keep their
+// distributed dedupe: no extra call.
 func TestClusterFailover(t *testing.T) {
 	for _, partial := range []bool{false, true} {
 		t.Run(fmt.Sprintf("partial_coverage=%v", partial), func(t *testing.T) { testClusterFailover(t, partial) })
@@ -42,9 +44,8 @@ func TestClusterFailover(t *testing.T) {
 
 func testClusterFailover(t *testing.T, partial bool) {
 	const (
-		perShard = 2                      // prompts whose keys live on each master
-		delay    = 150 * time.Millisecond // of each upstream answer: a round's requests overlap
-		prefix   = "ai:flight"            // redis.key_prefix's default
+		perShard = 2           // prompts whose keys live on each master
+		prefix   = "ai:flight" // redis.key_prefix's default
 	)
 	after := 3 * time.Second // of traffic after the promotion; longer by hand, to look further
 	if v := os.Getenv("E2E_FAILOVER_AFTER"); v != "" {
@@ -56,7 +57,6 @@ func testClusterFailover(t *testing.T, partial bool) {
 	}
 	rc := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3, Replicas: 1, NodeTimeout: time.Second, PartialCoverage: partial})
 	c := startCluster(t, clusterOpts{redisAddrs: rc.Addrs(), env: map[string]string{"LLM_DEDUPE_FLIGHT_RESULT_TTL": "0s"}})
-	c.fake.set(fakeupstream.Behavior{Delay: delay})
 	model := "e2e-cluster-failover"
 
 	// The victim is a master that does not hold the token counter: losing that one would
@@ -116,12 +116,23 @@ func testClusterFailover(t *testing.T, partial bool) {
 	runRound := func() round {
 		t.Helper()
 		r := round{at: time.Now(), extra: make([]int, len(prompts))}
+		// The round's calls are held until each of its requests has joined a flight or
+		// made a call: the requests of a round overlap, so an extra call is dedupe lost,
+		// never a request that came after its prompt's call had ended.
+		c.fake.set(fakeupstream.Behavior{Hold: true})
+		decided := sum(c.ins, "llm_dedupe_flight_roles_total", nil)
 		chs := make([][]<-chan answer, len(prompts))
 		for p := range prompts {
 			for _, in := range c.ins {
 				chs[p] = append(chs[p], postAsync(in.URL, chatPath, prompts[p].body, apiKeyA))
 			}
 		}
+		n := len(prompts) * len(c.ins) // one local flight each: every instance gets each prompt once
+		redistest.WaitUntil(t, 20*time.Second, "every request of the round in a flight", func() (bool, string) {
+			got := sum(c.ins, "llm_dedupe_flight_roles_total", nil) - decided
+			return int(got) >= n, fmt.Sprintf("%v of %d with a role", got, n)
+		})
+		c.fake.release()
 		answers := make([][]answer, len(prompts))
 		for p := range prompts {
 			answers[p] = collect(chs[p])
@@ -158,7 +169,7 @@ func testClusterFailover(t *testing.T, partial bool) {
 
 	for range 3 { // distributed dedupe before the fault: one call per prompt and round
 		if r := runRound(); sumInts(r.extra) != 0 {
-			t.Logf("before the kill: extra calls %v in a round (the round's requests did not overlap)", r.extra)
+			t.Errorf("before the kill: extra calls %v in a round; want none", r.extra)
 		}
 	}
 

@@ -148,8 +148,12 @@ func TestRollingRestart(t *testing.T) {
 	c.fake.release()
 
 	t.Logf("TAKEOVER shutdown=%dms lease=%dms shutdown_timeout=%dms after_release=%dms", ms(took), ms(leaseTTL), ms(grace), ms(took-grace))
-	// Released at once: faster than any expiry of a lease renewed until the release.
-	within(t, "takeover after SIGTERM", took, grace, grace+leaseTTL-heartbeat-100*time.Millisecond)
+	// Not before shutdown_timeout. That it came from the release, not from the lease
+	// running out, is what takeovers{reason=shutdown} below says: no upper bound in time,
+	// which a loaded machine would break across processes.
+	if took < grace {
+		t.Errorf("takeover after SIGTERM took %v; want at least shutdown_timeout, %v", took.Round(time.Millisecond), grace)
+	}
 	if code := old.wait(10 * time.Second); code != 0 {
 		t.Errorf("old owner exited with status %d; want 0", code)
 	}
@@ -232,8 +236,11 @@ func TestUpstreamHang(t *testing.T) {
 	took := time.Since(start)
 	t.Logf("HANG upstream_timeout=%dms max_attempts=%d all_answered=%dms", ms(timeout), attempts, ms(took))
 	for i, a := range as {
-		if a.err != nil || (a.status != 504 && a.status != 502) {
-			t.Errorf("client %d: %v; want a 504 or 502 error", i, a)
+		// The last attempt's answer, or a 504 of the flight's own: never a 502, which
+		// says the upstream failed rather than ran out of time (README, "Limits, and what the
+		// proxy refuses").
+		if a.err != nil || a.status != 504 {
+			t.Errorf("client %d: %v; want a 504", i, a)
 			continue
 		}
 		var e struct {
@@ -241,8 +248,8 @@ func TestUpstreamHang(t *testing.T) {
 				Type, Code, Message string
 			} `json:"error"`
 		}
-		if err := json.Unmarshal([]byte(a.body), &e); err != nil || e.Error.Type != "upstream_error" || e.Error.Message == "" {
-			t.Errorf("client %d: body %q; want an OpenAI-style error object", i, a.body)
+		if err := json.Unmarshal([]byte(a.body), &e); err != nil || e.Error.Type != "upstream_error" || e.Error.Code != "upstream_timeout" || e.Error.Message == "" {
+			t.Errorf("client %d: body %q; want an OpenAI-style error object with code upstream_timeout", i, a.body)
 		}
 	}
 	if took > attempts*timeout+5*time.Second {

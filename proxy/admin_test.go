@@ -157,7 +157,7 @@ func TestAdminPurgeAnswer(t *testing.T) {
 				t.Fatalf("DELETE: %d %s; want 200 found", status, out)
 			}
 			if rs != nil {
-				ev.waitFor(t, singleflight.EventInvalidated, 1, 100*time.Millisecond)
+				ev.waitFor(t, singleflight.EventInvalidated, 1, 10*time.Second) // awaited, not timed (ADR 0046)
 			}
 			calls := up.Calls()
 			if a := post(t, b.URL, path, body); a.header.Get("X-Dedupe-Role") != "owner" || up.Calls() != calls+1 {
@@ -204,7 +204,7 @@ func TestNamespaces(t *testing.T) {
 				t.Fatalf("purge: %d %s", status, out)
 			}
 			if rs != nil {
-				ev.waitFor(t, singleflight.EventInvalidated, 1, 100*time.Millisecond)
+				ev.waitFor(t, singleflight.EventInvalidated, 1, 10*time.Second) // awaited, not timed (ADR 0046)
 			}
 			if r := role(b, "app-a"); r != "owner" {
 				t.Fatalf("purged namespace: %s; want owner", r)

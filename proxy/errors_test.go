@@ -68,3 +68,45 @@ func TestTransportFailureSaysWhatEndedTheCall(t *testing.T) {
 		})
 	}
 }
+
+// TestFailBeforeBytesSaysWhyTheFlightEnded: a request whose flight ended before any byte
+// was sent gets an error that names why, wrapped as the flight wraps it: 503 when the proxy
+// shuts down, 504 when the call ran out of time, 502 when every attempt failed with no
+// answer to share; a client that left gets nothing written.
+func TestFailBeforeBytesSaysWhyTheFlightEnded(t *testing.T) {
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, tt := range []struct {
+		name   string
+		ctx    context.Context
+		err    error
+		status int // 0: nothing written
+		typ    string
+		code   string
+	}{
+		{"shutdown", context.Background(), errors.Join(singleflight.ErrFailed, singleflight.ErrShutdown), 503, "server_error", "shutting_down"},
+		{"timeout", context.Background(), errors.Join(singleflight.ErrFailed, singleflight.ErrTimeout), 504, "upstream_error", "upstream_timeout"},
+		{"failed", context.Background(), singleflight.ErrFailed, 502, "upstream_error", "upstream_failed"},
+		{"client gone", gone, errors.Join(singleflight.ErrFailed, singleflight.ErrShutdown), 0, "", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			(&Proxy{}).failBeforeBytes(rec, tt.ctx, tt.err)
+			if tt.status == 0 {
+				if rec.Body.Len() != 0 || len(rec.Header()) != 0 {
+					t.Fatalf("wrote %d %v %q; want nothing for a client that left", rec.Code, rec.Header(), rec.Body)
+				}
+				return
+			}
+			var got struct {
+				Error struct{ Message, Type, Code string }
+			}
+			if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+				t.Fatalf("body %q: %v", rec.Body, err)
+			}
+			if rec.Code != tt.status || got.Error.Type != tt.typ || got.Error.Code != tt.code || got.Error.Message == "" {
+				t.Errorf("got %d %s %s %q; want %d %s %s and a message", rec.Code, got.Error.Type, got.Error.Code, got.Error.Message, tt.status, tt.typ, tt.code)
+			}
+		})
+	}
+}

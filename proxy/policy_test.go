@@ -206,6 +206,10 @@ func TestControlHeaders(t *testing.T) {
 	}
 }
 
+// TestOutcomePolicy: what an upstream status does to a flight (ADR 0033). A status that
+// is retried (5xx, 408) reaches the owner's own client, and the requests waiting with it
+// are answered by the call a follower makes in its place; any other status is every
+// waiting request's answer. None but a 2xx is stored.
 func TestOutcomePolicy(t *testing.T) {
 	rs := redistest.Start(t)
 	cases := []struct {
@@ -214,13 +218,17 @@ func TestOutcomePolicy(t *testing.T) {
 		wantCalls int64 // for a burst of 3 and then one more request
 		status    int
 		retryAft  bool
+		// retried is the status of a call that was retried: the first owner's client, and
+		// it alone, gets it (0: no call was retried).
+		retried int
 	}{
-		{"200 stored", nil, 1, 200, false},
-		{"400 shared not stored", []int{400, 400}, 2, 400, false},
-		{"401 shared not stored", []int{401, 401}, 2, 401, false},
-		{"422 shared not stored", []int{422, 422}, 2, 422, false},
-		{"429 shared with Retry-After", []int{429, 429}, 2, 429, true},
-		{"500 then success: taken over", []int{500}, 2, 200, false},
+		{"200 stored", nil, 1, 200, false, 0},
+		{"400 shared not stored", []int{400, 400}, 2, 400, false, 0},
+		{"401 shared not stored", []int{401, 401}, 2, 401, false, 0},
+		{"422 shared not stored", []int{422, 422}, 2, 422, false, 0},
+		{"429 shared with Retry-After", []int{429, 429}, 2, 429, true, 0},
+		{"500 then success: taken over", []int{500}, 2, 200, false, 500},
+		{"408 then success: taken over like a 5xx", []int{408}, 2, 200, false, 408},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -235,10 +243,13 @@ func TestOutcomePolicy(t *testing.T) {
 			waitRoles(t, ins, len(ins))
 			up.Release()
 			as := <-done
-			owners := 0
+			retried := 0
 			for _, a := range as {
-				if a.header.Get("X-Dedupe-Role") == "owner" && a.status == 500 {
-					owners++ // the owner's client gets its own upstream answer
+				if tc.retried != 0 && a.status == tc.retried {
+					if role := a.header.Get("X-Dedupe-Role"); role != "owner" {
+						t.Fatalf("status %d as %q; want it only for the owner whose call it answered", a.status, role)
+					}
+					retried++
 					continue
 				}
 				if a.status != tc.status {
@@ -247,6 +258,9 @@ func TestOutcomePolicy(t *testing.T) {
 				if tc.retryAft && a.header.Get("Retry-After") != "7" {
 					t.Fatalf("Retry-After %q; want 7", a.header.Get("Retry-After"))
 				}
+			}
+			if want := min(tc.retried, 1); retried != want {
+				t.Fatalf("%d clients got the retried call's %d; want %d, the owner's own", retried, tc.retried, want)
 			}
 			post(t, ins[0].URL, "/v1/chat/completions", body)
 			if up.Calls() != tc.wantCalls {

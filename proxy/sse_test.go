@@ -32,17 +32,47 @@ type sseClient struct {
 
 func openStream(t *testing.T, base, body string) *sseClient {
 	t.Helper()
+	c, err := dialStream(t, base, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// dialStream is openStream for a goroutine other than the test's, which must not call
+// t.Fatal: it returns the error, for the test to fail on.
+func dialStream(t *testing.T, base, body string) (*sseClient, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer sk-test-1")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		cancel()
-		t.Fatalf("stream request: %v", err)
+		return nil, fmt.Errorf("stream request: %w", err)
 	}
 	c := &sseClient{t: t, resp: resp, r: bufio.NewReader(resp.Body), cancel: cancel}
 	t.Cleanup(func() { resp.Body.Close(); cancel() })
-	return c
+	return c, nil
+}
+
+// ownerStream opens a stream in its own goroutine and waits until the upstream call it
+// makes has started; a stream that fails first fails the test.
+func ownerStream(t *testing.T, base string, started <-chan struct{}) {
+	t.Helper()
+	failed := make(chan error, 1)
+	go func() {
+		c, err := dialStream(t, base, streamBody)
+		if err == nil {
+			c.rest()
+			err = fmt.Errorf("the stream ended before its upstream call started: %v", c.err)
+		}
+		failed <- err
+	}()
+	select {
+	case <-started:
+	case err := <-failed:
+		t.Fatalf("owner's stream: %v", err)
+	}
 }
 
 // event reads one SSE event (up to its blank line); false at the end of the stream.
@@ -145,20 +175,29 @@ func TestStreamTakeoverBeforeFirstChunk(t *testing.T) {
 	s := setup{redis: rs, flight: singleflight.Options{TakeoverJitter: 10 * time.Millisecond}}
 	a, b := newInstance(t, up, s), newInstance(t, up, s)
 	started := up.Started()
-	go func() { openStream(t, a.URL, streamBody).rest() }()
-	<-started
-	opened := make(chan *sseClient, 5)
+	ownerStream(t, a.URL, started)
+	type opening struct {
+		c   *sseClient
+		err error
+	}
+	opened := make(chan opening, 5)
 	for range 5 {
 		// Headers come with the first chunk, so each client waits in its own goroutine.
-		go func() { opened <- openStream(t, b.URL, streamBody) }()
+		go func() {
+			c, err := dialStream(t, b.URL, streamBody)
+			opened <- opening{c, err}
+		}()
 	}
 	waitWaiting(t, []*instance{b}, 5)
 	up.Set(fakeBehavior{}) // the next owner's call answers at once
 	a.close()              // the owner goes away before its first chunk
 	want := fakeupstream.Transcript("/v1/chat/completions", 2, "gpt-test", 5, true)
 	for i := range 5 {
-		c := <-opened
-		if got := c.rest(); got != want {
+		o := <-opened
+		if o.err != nil {
+			t.Fatalf("client %d: %v", i, o.err)
+		}
+		if got := o.c.rest(); got != want {
 			t.Fatalf("client %d: %q; want the new generation seamlessly: %q", i, got, want)
 		}
 	}
@@ -171,8 +210,7 @@ func TestStreamTakeoverAfterChunksEndsWithError(t *testing.T) {
 	s := setup{redis: rs, flight: singleflight.Options{TakeoverJitter: 10 * time.Millisecond, BatchDelay: time.Millisecond}}
 	a, b := newInstance(t, up, s), newInstance(t, up, s)
 	started := up.Started()
-	go func() { openStream(t, a.URL, streamBody).rest() }()
-	<-started
+	ownerStream(t, a.URL, started)
 	c := openStream(t, b.URL, streamBody)
 	if ev, ok := c.event(); !ok || !strings.Contains(ev, "tok0") {
 		t.Fatalf("first event %q", ev)

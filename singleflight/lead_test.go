@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -43,36 +44,87 @@ func TestOneOwnerAcrossGroups(t *testing.T) {
 
 // Two local flights of one key (a no-cache caller arriving before the first flight's role
 // is known gets its own) still make one upstream call: their lookups offer different
-// tokens, so only one of them can claim.
+// tokens, so only one of them can claim. Both lookups are held on their way to Redis, so
+// that there are two flights, and let go in either order.
 func TestTwoLocalFlightsOneClaim(t *testing.T) {
 	srv := redistest.Start(t)
-	rec := newRecorder()
-	g := backend{redis: srv}.group(t, Options{ResultTTL: time.Minute, Observer: rec})
-	twice := 0
-	defer func() { t.Logf("%d of 20 keys had two local flights", twice) }()
-	for i := range 20 {
-		key := uniqueKey()
-		rp := newReply("one")
-		r1, _ := g.Do(key, false, rp.fn)
-		r2, _ := g.Do(key, true, rp.fn)
-		// Both flights decide their role while the call is held; if they share a local
-		// flight, only one role event comes, and the test goes on after it.
-		rec.waitFor(t, EventRole, 2*i+1, 10*time.Second)
-		g.mu.Lock()
-		two := g.flights[key] != nil && g.flights[key+"\x00nocache"] != nil
-		g.mu.Unlock()
-		if two {
-			twice++
-			rec.waitFor(t, EventRole, 2*i+2, 10*time.Second)
-		} else {
-			rec.Observe(Event{Kind: EventRole}) // keep the count in step
-		}
-		rp.release()
-		ctx := context.Background()
-		if o1, o2 := readAll(ctx, r1), readAll(ctx, r2); o1.body != "one" || o2.body != "one" || rp.calls.Load() != 1 {
-			t.Fatalf("two local flights %v: got %q and %q with %d calls; want one call for both", two, o1.body, o2.body, rp.calls.Load())
-		}
+	for _, noCacheFirst := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain looks first", true: "no-cache looks first"}[noCacheFirst], func(t *testing.T) {
+			rec := newRecorder()
+			lookups := &heldCommands{match: scriptCalls(lookupScript), arrived: make(chan chan struct{}, 2)}
+			lookups.left.Store(2)
+			o := Options{ResultTTL: time.Minute, Observer: rec, RedisTimeout: 10 * time.Second, Redis: srv.Client()}
+			o.Redis.AddHook(lookups)
+			g := backend{}.group(t, o)
+			key := uniqueKey()
+			rp := newReply("one")
+			r1, _ := g.Do(key, false, rp.fn)
+			plain := lookups.next(t) // its role is not known until this lookup is answered
+			r2, _ := g.Do(key, true, rp.fn)
+			noCache := lookups.next(t)
+			g.mu.Lock()
+			two := g.flights[key] != nil && g.flights[key+"\x00nocache"] != nil
+			g.mu.Unlock()
+			if !two {
+				t.Fatal("one local flight for a no-cache caller that came before the first flight's role; want two")
+			}
+			first, second := plain, noCache
+			if noCacheFirst {
+				first, second = noCache, plain
+			}
+			close(first)
+			rec.waitFor(t, EventRole, 1, 10*time.Second) // the first lookup decided its flight's role
+			close(second)
+			rec.waitFor(t, EventRole, 2, 10*time.Second)
+			rp.release()
+			ctx := context.Background()
+			o1, o2 := readAll(ctx, r1), readAll(ctx, r2)
+			if o1.body != "one" || o2.body != "one" || rp.calls.Load() != 1 {
+				t.Fatalf("got %q and %q with %d calls; want one call for both", o1.body, o2.body, rp.calls.Load())
+			}
+			if roles := []Role{o1.role, o2.role}; !slices.Contains(roles, RoleOwner) || !slices.Contains(roles, RoleFollower) {
+				t.Fatalf("roles %v; want an owner and a follower", roles)
+			}
+		})
 	}
+}
+
+// heldCommands is a client hook that holds the first left commands match accepts, sent
+// alone or in a pipeline, each until the test closes the channel it got from next.
+type heldCommands struct {
+	match   func(redis.Cmder) bool
+	left    atomic.Int32
+	arrived chan chan struct{}
+}
+
+func (h *heldCommands) hold(cmds ...redis.Cmder) {
+	if slices.ContainsFunc(cmds, h.match) && h.left.Add(-1) >= 0 {
+		proceed := make(chan struct{})
+		h.arrived <- proceed
+		<-proceed
+	}
+}
+
+// next waits for the next held command and returns what lets it go.
+func (h *heldCommands) next(t *testing.T) chan struct{} {
+	t.Helper()
+	select {
+	case c := <-h.arrived:
+		return c
+	case <-time.After(10 * time.Second):
+		t.Fatal("no command held within 10s")
+		return nil
+	}
+}
+
+func (h *heldCommands) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *heldCommands) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { h.hold(cmd); return next(ctx, cmd) }
+}
+
+func (h *heldCommands) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.hold(cmds...); return next(ctx, cmds) }
 }
 
 func TestOwnerDiesFollowerTakesOver(t *testing.T) {

@@ -89,7 +89,11 @@ func TestFencedFinalFlushStillServesLocalReaders(t *testing.T) {
 	srv := redistest.Start(t)
 	b := backend{redis: srv}
 	o := Options{LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, BatchDelay: 3 * time.Second}
-	a, c := b.group(t, o), b.group(t, o)
+	oa := o
+	appended := &replied{match: scriptCalls(appendScript), ch: make(chan struct{}, 8)}
+	oa.Redis = srv.Client()
+	oa.Redis.AddHook(appended)
+	a, c := backend{}.group(t, oa), b.group(t, o)
 	stall := make(chan struct{})
 	a.hooks.beforeRenew = func(ctx context.Context) {
 		select {
@@ -103,8 +107,12 @@ func TestFencedFinalFlushStillServesLocalReaders(t *testing.T) {
 	ra, _ := a.Do(key, false, func(ctx context.Context, w *Writer) (Result, error) {
 		w.WriteHead(Head{Status: 200})
 		_, _ = w.Write([]byte("A"))
-		time.Sleep(100 * time.Millisecond) // "A" is appended alone, at once
-		_, _ = w.Write([]byte("B"))        // waits for the batch
+		select { // "A" is appended alone, at once
+		case <-appended.ch:
+		case <-time.After(5 * time.Second):
+			return Result{}, errors.New("the append of \"A\" was not answered within 5s")
+		}
+		_, _ = w.Write([]byte("B")) // waits for the batch
 		close(wrote)
 		<-proceed
 		return Result{Outcome: Share}, nil

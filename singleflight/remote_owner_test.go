@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -63,11 +64,28 @@ func TestOwnerRestoresLostFlight(t *testing.T) {
 // neither restores its stale token nor overwrites the answer the new owner stored.
 func TestStaleOwnerDoesNotRestoreOverFinishedFlight(t *testing.T) {
 	srv := redistest.Start(t)
-	b := backend{redis: srv}
 	o := Options{LeaseTTL: 3 * time.Second, HeartbeatInterval: time.Second, Linger: 200 * time.Millisecond, ResultTTL: time.Minute}
-	a, c := b.group(t, o), b.group(t, o)
+	oa := o
+	renewed := &replied{match: scriptCalls(renewScript), ch: make(chan struct{}, 8)}
+	oa.Redis = srv.Client()
+	oa.Redis.AddHook(renewed)
+	a, c := backend{}.group(t, oa), backend{redis: srv}.group(t, o)
+	// a's renewals wait until c has finished the flight: the renewal that comes then is
+	// the one that finds the meta gone or c's.
+	hold := make(chan struct{})
+	unhold := sync.OnceFunc(func() { close(hold) })
+	defer unhold()
+	a.hooks.beforeRenew = func(ctx context.Context) {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+		}
+	}
 	key := uniqueKey()
+	meta := "ai:flight:meta:{" + key + "}"
 	running, proceed := make(chan struct{}, 1), make(chan struct{})
+	release := sync.OnceFunc(func() { close(proceed) })
+	defer release()
 	ra, _ := a.Do(key, false, started(running, func(ctx context.Context, w *Writer) (Result, error) {
 		<-proceed
 		return Result{Head: Head{Status: 200}, Body: []byte("from-a"), Outcome: Store}, nil
@@ -75,6 +93,10 @@ func TestStaleOwnerDoesNotRestoreOverFinishedFlight(t *testing.T) {
 	<-running
 	ctx := context.Background()
 	rdb := srv.Client()
+	aUntil, err := rdb.HGet(ctx, meta, "lease_until").Int64() // a's claim's: not renewed since
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := rdb.FlushAll(ctx).Err(); err != nil { // a restart without persistence
 		t.Fatalf("FLUSHALL: %v", err)
 	}
@@ -84,14 +106,23 @@ func TestStaleOwnerDoesNotRestoreOverFinishedFlight(t *testing.T) {
 	if got := readWithin(rc, 3*time.Second); got.body != "from-c" || got.role != RoleOwner {
 		t.Fatalf("c got (%q, %v, %v); want to own the lost flight", got.body, got.role, got.err)
 	}
-	meta := "ai:flight:meta:{" + key + "}"
-	time.Sleep(o.Linger + 100*time.Millisecond) // past c's linger; a's lease still runs
-	if rdb.Exists(ctx, meta).Val() == 0 {
-		t.Fatal("c's finished meta is gone while a's lease may still run: a could restore its token over it")
+	// By Redis's clock, c's finished meta lives until a's lease has run out, past c's
+	// linger: whenever a's renewal comes, it finds c's meta and restores nothing.
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
 	}
-	// a's next renewal comes within a heartbeat.
-	time.Sleep(o.HeartbeatInterval + 200*time.Millisecond)
-	close(proceed)
+	if ttl := rdb.PTTL(ctx, meta).Val(); now.UnixMilli()+ttl.Milliseconds() < aUntil {
+		t.Fatalf("c's finished meta expires %v from now, %dms before a's lease ends: a could restore its token over it",
+			ttl, aUntil-now.UnixMilli()-ttl.Milliseconds())
+	}
+	unhold()
+	select {
+	case <-renewed.ch: // a's renewal was answered
+	case <-time.After(5 * time.Second):
+		t.Fatal("a's renewal was not answered within 5s")
+	}
+	release()
 	if got := readWithin(ra, 3*time.Second); got.err != nil || (got.body != "from-a" && got.body != "from-c") {
 		t.Fatalf("a's own caller got (%q, %v); want a whole answer to its request", got.body, got.err)
 	}
@@ -342,15 +373,26 @@ func TestCompleteAfterARolledBackStreamLeavesNoHole(t *testing.T) {
 		t.Fatalf("owner: %v", owner.err)
 	}
 	b.release()
-	if out := readWithin(rb, 10*time.Second); out.err == nil && string(first)+out.body != owner.body {
-		t.Fatalf("the follower got %q as a whole answer; the call answered %q", string(first)+out.body, owner.body)
+	// The gap makes it read the stream, whose done entry carries every byte from the last
+	// batch the owner knew landed: the whole answer, not an error.
+	if out := readWithin(rb, 10*time.Second); out.err != nil || string(first)+out.body != owner.body {
+		t.Fatalf("the follower got (%q, %v); the call answered %q", string(first)+out.body, out.err, owner.body)
 	}
 }
 
-// replied signals on ch each time a command that match accepts got a reply without error.
+// replied signals on ch each time a command that match accepts got a reply without error,
+// sent alone or in a pipeline. A signal that finds ch full is dropped: the client is never
+// held by its hook (a Group closing after a failed test still renews).
 type replied struct {
 	match func(redis.Cmder) bool
 	ch    chan struct{}
+}
+
+func (h *replied) signal() {
+	select {
+	case h.ch <- struct{}{}:
+	default:
+	}
 }
 
 func (h *replied) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -359,14 +401,22 @@ func (h *replied) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
 		if err == nil && h.match(cmd) {
-			h.ch <- struct{}{}
+			h.signal()
 		}
 		return err
 	}
 }
 
 func (h *replied) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if cmd.Err() == nil && h.match(cmd) {
+				h.signal()
+			}
+		}
+		return err
+	}
 }
 
 // slowScript makes every run of script outlast its deadline (a write too large to land in
