@@ -9,8 +9,8 @@ import (
 
 // An owned call nobody waits for is cut (ADR 0074). Here, a caller waits from DoWith until
 // it closes its Reader or its CallOptions.Context ends. Elsewhere, an instance that follows
-// the flight marks it in the meta (lookup.lua, claim.lua) and takes the mark off once its
-// callers have all left (unwait.lua). Once no caller has waited here for AbandonGrace, the
+// the flight marks it in the meta, one mark per local flight (lookup.lua, claim.lua), and
+// takes the mark off once that flight's lead ended without the answer (unwait.lua). Once no caller has waited here for AbandonGrace, the
 // owner asks Redis to cut the flight; renew.lua does so, atomically, only when no other
 // instance's mark stands, none asked that the call finish and the last left a grace ago,
 // and it is asked again with every renewal. A cut ends the flight in Redis (state A), so
@@ -48,9 +48,9 @@ func (f *flight) waiting() int {
 	return n
 }
 
-// mark names the field in which a follow marks the flight waited for by f in Redis
-// (w:<instance>:<local flight>), and what it holds: how many callers wait on f.
-func (f *flight) mark() (field string, callers int) {
+// mark is what a lookup or claim that follows writes in Redis (w:<instance>:<flight> =
+// callers): f's number among this process's flights, and how many callers wait on it.
+func (f *flight) mark() (flight string, callers int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return strconv.FormatUint(f.seq, 10), max(f.waiting(), 1) // the first caller may not be counted yet
