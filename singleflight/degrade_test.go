@@ -226,7 +226,7 @@ func TestParkedFollowerInAClusterTakesOverWhenItsShardDies(t *testing.T) {
 	local.release()
 	r := followEach(t, f, []string{doomed}, local.fn)[0]
 	waitCond(t, 10*time.Second, "the follower's channel confirmed", func() bool {
-		return f.rem().wake.unconfirmedSince(f.rem().keys(doomed).stream).IsZero()
+		return f.rem().wake.UnconfirmedSince(f.rem().keys(doomed).stream).IsZero()
 	})
 	c.Kill(dead)
 	if out := readWithin(r, 4*o.LeaseTTL+2*time.Second); out.err != nil || out.body != "local" {

@@ -33,8 +33,8 @@
 //	P:owner-seq   string  counter, first part of every fencing token (reserved in blocks)
 //	P:ns:NAME     string  generation of namespace NAME (see purge.go)
 //	P:invalidate  channel purges, for every instance's memory (see purge.go)
-//	P:stream:{K}  channel each entry added to the stream of the same name (see hub.go)
-//	P:alive:ID    channel instance ID renewed its leases (see renewer.go, alive.go)
+//	P:stream:{K}  channel each entry added to the stream of the same name (see internal/wake)
+//	P:alive:ID    channel instance ID renewed its leases (see renewer.go, internal/wake/alive.go)
 //
 // The {K} hash tag puts a flight's three keys in one Cluster slot, so one script touches
 // them atomically. An owner costs two round trips, lookup (which claims a free key) and
@@ -136,7 +136,7 @@
 //     two backends, local.go (memory) and remote.go (Redis).
 //   - lead.go: the leader's state machine (ADR 0052); follow.go and look.go: the follower's
 //     wait and its look-ups; stream.go: the wire format of entries; hit.go: a stored answer.
-//   - hub.go (the connection, send and receive), watch.go, alive.go: pub/sub wake-ups;
+//   - internal/wake (the connection, its watches, alive state; wake.go wires it): pub/sub wake-ups;
 //     park.go: waiting without a goroutine.
 //   - owner.go, remote_owner.go, writer.go, renewer.go: owning an attempt.
 //   - decision.go: typed replies of lua/*.lua; batch.go: group commit (ADR 0016).

@@ -5,9 +5,6 @@ import (
 	"time"
 )
 
-// pollEvery is how often a follower reads its stream while the pub/sub connection is down.
-const pollEvery = 250 * time.Millisecond
-
 // followKind is how a follow ended.
 type followKind uint8
 
@@ -74,7 +71,7 @@ func (r *remote) newFollower(l *leader, remaining time.Duration, readNow bool) (
 		r.g.hooks.beforeFollow()
 	}
 	fw := &follower{l: l, start: time.Now(), stream: r.keys(l.f.key).stream}
-	w, err := r.wake.watch(fw.stream)
+	w, err := r.wake.Watch(fw.stream)
 	if err != nil {
 		r.g.observe(Event{Kind: EventWait, Key: l.f.key})
 		return nil, false
@@ -108,9 +105,9 @@ func (fw *follower) loop(ev wakeEvent) followEnd {
 		case followHeld:
 			return followEnd{kind: followParked}
 		case followEnded:
-			fw.w.close()
+			fw.w.Close()
 			if fw.alive != nil {
-				fw.alive.close()
+				fw.alive.Close()
 			}
 			fw.l.r.g.observe(Event{Kind: EventWait, Key: fw.l.f.key, Duration: time.Since(fw.start)})
 			return fw.ending
@@ -149,12 +146,12 @@ func (fw *follower) wait() followState {
 	}
 	if inst := tokenInstance(fw.l.pos.token); inst != fw.aliveOf {
 		if fw.alive != nil {
-			fw.alive.close()
+			fw.alive.Close()
 			fw.alive = nil
 		}
 		fw.aliveOf = inst
 		if inst != "" {
-			fw.alive, _ = r.wake.watch(r.wake.aliveChannel(inst)) // nil: the meta is looked up
+			fw.alive, _ = r.wake.Watch(r.wake.AliveChannel(inst)) // nil: the meta is looked up
 		}
 	}
 	if fw.read {
@@ -169,7 +166,7 @@ func (fw *follower) wait() followState {
 		wait = min(wait, r.recheckEvery)
 	}
 	// With the pub/sub connection down, poll: the reads tell whether the shard answers.
-	fw.polling = r.wake.down.Load() && wait > pollEvery
+	fw.polling = r.wake.Down() && wait > pollEvery
 	if fw.polling {
 		wait = pollEvery
 	}
@@ -186,7 +183,7 @@ func (fw *follower) heardAlive() followState {
 	if fw.l.pos.token != fw.trustFor {
 		fw.trust()
 	}
-	if slices.Contains(fw.alive.takeGone(), fw.l.pos.token) {
+	if slices.Contains(fw.alive.TakeGone(), fw.l.pos.token) {
 		// Look it up now; the first time, take its lease as over (ADRs 0009, 0011).
 		if !fw.trustUntil.IsZero() {
 			fw.leaseEnd = time.Now()
@@ -218,7 +215,7 @@ func (fw *follower) timedOut() followState {
 func (fw *follower) take() followState {
 	l := fw.l
 	r, g, f, pos := l.r, l.r.g, l.f, &l.pos
-	resync, pushed := fw.w.take()
+	resync, pushed := fw.w.Take()
 	var stored []entry
 	if resync || fw.read {
 		if r.unusable(f.key) && !f.canUseNewGen() {

@@ -141,13 +141,13 @@ func TestFollowerTakesOverWhenOwnerFallsSilent(t *testing.T) {
 	second.release()
 	rf, _ := fg.Do(key, false, second.fn)
 	waitCond(t, 5*time.Second, "following", func() bool { return fg.flightRole(key) == RoleFollower })
-	channel := fg.rem().wake.aliveChannel(a.opts.InstanceID)
+	channel := fg.rem().wake.AliveChannel(a.opts.InstanceID)
 	// Alive messages recorded after the follower's look-up: their lease ends after its own.
 	for range 3 {
 		<-heard
 	}
 	waitCond(t, 5*time.Second, "alive recorded", func() bool {
-		until, _ := fg.rem().wake.aliveUntil(channel, "")
+		until, _ := fg.rem().wake.AliveUntil(channel, "")
 		return !until.IsZero()
 	})
 	<-heard

@@ -21,9 +21,7 @@ func TestIdleChannelStaysSubscribedThenLeaves(t *testing.T) {
 	owner := b.group(t, Options{}) // ResultTTL 0: each round is a new flight
 	follower := b.group(t, Options{})
 	hub := follower.rem().wake
-	hub.mu.Lock()
-	hub.keepIdle = time.Hour
-	hub.mu.Unlock()
+	hub.SetKeepIdle(time.Hour)
 	key := uniqueKey()
 	channel := follower.rem().keys(key).stream
 	ctx := context.Background()
@@ -50,20 +48,12 @@ func TestIdleChannelStaysSubscribedThenLeaves(t *testing.T) {
 		if out := readAll(ctx, r); out.err != nil || out.body != want || out.role != RoleFollower {
 			t.Fatalf("round %d: follower got %q, %v, %v; want %q as a follower", round, out.body, out.role, out.err, want)
 		}
-		waitCond(t, 10*time.Second, "the channel idle", func() bool {
-			hub.mu.Lock()
-			defer hub.mu.Unlock()
-			_, idle := hub.idle[channel]
-			return idle
-		})
+		waitCond(t, 10*time.Second, "the channel idle", func() bool { return hub.Idle(channel) })
 		if n := subscribers(); n != 1 {
 			t.Fatalf("round %d: %d subscribers of the idle channel; want 1 (kept subscribed)", round, n)
 		}
 	}
-	hub.mu.Lock()
-	hub.keepIdle = 0
-	hub.mu.Unlock()
-	hub.kick()
+	hub.SetKeepIdle(0)
 	waitCond(t, 10*time.Second, "the idle channel unsubscribed", func() bool { return subscribers() == 0 })
 }
 
@@ -83,9 +73,7 @@ func TestConnectionCutWhileSubscribingLeavesNoFollowerBehind(t *testing.T) {
 
 	hold, release := holdReceiver(t, f)
 	sent := make(chan []string, 16)
-	f.rem().wake.mu.Lock()
-	f.hooks.subscribed = func(channels []string, err error) { sent <- channels }
-	f.rem().wake.mu.Unlock()
+	f.rem().wake.OnSent(func(channels []string, err error) { sent <- channels })
 	sentFor := func(key string) {
 		t.Helper()
 		want := f.rem().keys(key).stream
@@ -146,7 +134,7 @@ func TestFollowersAnsweredAfterTheConnectionIsKilled(t *testing.T) {
 			followers := followEach(t, f, keys[:2], rps[0].fn)
 			waitCond(t, 10*time.Second, "followers' channels confirmed", func() bool {
 				for _, k := range keys[:2] {
-					if !f.rem().wake.unconfirmedSince(f.rem().keys(k).stream).IsZero() {
+					if !f.rem().wake.UnconfirmedSince(f.rem().keys(k).stream).IsZero() {
 						return false
 					}
 				}

@@ -133,18 +133,6 @@ func (g *Group) jitter(ctx context.Context) bool {
 	return sleep(ctx, rand.N(g.opts.TakeoverJitter))
 }
 
-// sleep waits d, or until ctx ends (then false).
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
 // endIfAlone forgets f when no caller but the leader waits: newcomers start anew.
 func (g *Group) endIfAlone(f *flight) bool {
 	g.mu.Lock()

@@ -36,8 +36,8 @@ func (fw *follower) lookAt() (at time.Time, byAlive bool) {
 	}
 	// moving: until moves with each alive message, and the hub wakes the follower when they
 	// stop; a bound below it does not move, and needs a timer.
-	until, moving := r.wake.aliveUntil(fw.alive.channel, fw.l.pos.token)
-	if since := r.wake.unconfirmedSince(fw.stream); !since.IsZero() && since.Add(r.g.opts.LeaseTTL).Before(until) {
+	until, moving := r.wake.AliveUntil(fw.alive.Channel(), fw.l.pos.token)
+	if since := r.wake.UnconfirmedSince(fw.stream); !since.IsZero() && since.Add(r.g.opts.LeaseTTL).Before(until) {
 		// Alive messages heard while the flight's own channel is not known to hold put its
 		// look-up off no further than a lease (ADR 0055).
 		until, moving = since.Add(r.g.opts.LeaseTTL), false

@@ -130,22 +130,22 @@ func TestFollowerFinishesWhenNewFlightClaimsAfterEnd(t *testing.T) {
 func TestAliveHeardBeforeDeadlineDoesNotPutOffLook(t *testing.T) {
 	g := New(Options{Redis: redistest.Start(t).Client(), LeaseTTL: time.Second})
 	t.Cleanup(func() { g.Close(context.Background()) })
-	ch := g.rem().wake.aliveChannel("owner-instance")
-	w, err := g.rem().wake.watch(ch)
+	ch := g.rem().wake.AliveChannel("owner-instance")
+	w, err := g.rem().wake.Watch(ch)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.close()
+	defer w.Close()
 	l := &leader{r: g.rem(), ctx: context.Background(), f: &flight{key: uniqueKey()}, pos: position{token: "1-owner-instance-1"}}
 	fw := &follower{l: l, alive: w, renewed: true}
 	fw.trust()
-	g.rem().wake.heard(ch, nil)
+	g.rem().wake.Heard(ch, nil)
 	fw.since = time.Now()
 	fw.deadline = fw.since.Add(20 * time.Millisecond)
 	if at, byAlive := fw.lookAt(); byAlive || !at.Equal(fw.deadline) {
 		t.Fatalf("look at %v (by alive %v); want the deadline %v", at, byAlive, fw.deadline)
 	}
-	g.rem().wake.heard(ch, nil)
+	g.rem().wake.Heard(ch, nil)
 	if at, byAlive := fw.lookAt(); !byAlive || !at.After(fw.deadline) {
 		t.Fatalf("look at %v (by alive %v); want later than the deadline %v, by alive", at, byAlive, fw.deadline)
 	}
@@ -195,38 +195,31 @@ func TestAliveMessagesPutOffNoLookOfAnUnconfirmedChannel(t *testing.T) {
 	g := New(Options{Redis: redistest.Start(t).Client(), LeaseTTL: time.Second})
 	t.Cleanup(func() { g.Close(context.Background()) })
 	hub := g.rem().wake
-	ch := hub.aliveChannel("owner-instance")
-	w, err := hub.watch(ch)
+	ch := hub.AliveChannel("owner-instance")
+	w, err := hub.Watch(ch)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer w.close()
+	defer w.Close()
 	stream := g.rem().keys(uniqueKey()).stream
 	l := &leader{r: g.rem(), ctx: context.Background(), f: &flight{key: uniqueKey()}, pos: position{token: "1-owner-instance-1"}}
 	fw := &follower{l: l, alive: w, stream: stream, renewed: true}
 	fw.trust()
 	fw.since = time.Now()
 	fw.deadline = fw.since.Add(20 * time.Millisecond)
-	hub.mu.Lock()
-	hub.subscribed[stream] = true
-	hub.pending[stream] = unconfirmed{since: time.Now().Add(-2 * time.Second), sent: time.Now()}
-	hub.mu.Unlock()
-	hub.heard(ch, nil)
+	hub.SetUnconfirmed(stream, time.Now().Add(-2*time.Second))
+	hub.Heard(ch, nil)
 	if at, byAlive := fw.lookAt(); byAlive || !at.Equal(fw.deadline) {
 		t.Fatalf("unconfirmed for two leases: look at %v (by alive %v); want the deadline %v", at, byAlive, fw.deadline)
 	}
 	// Unconfirmed since a moment after the wait began, before the message was heard: the
 	// message counts up to then, and no further message moves it.
 	since := fw.since.Add(time.Nanosecond)
-	hub.mu.Lock()
-	hub.pending[stream] = unconfirmed{since: since, sent: since}
-	hub.mu.Unlock()
+	hub.SetUnconfirmed(stream, since)
 	if at, byAlive := fw.lookAt(); byAlive || !at.Equal(since.Add(time.Second)) {
 		t.Fatalf("unconfirmed since %v: look at %v (by alive %v); want a lease after it, by a timer", since, at, byAlive)
 	}
-	hub.mu.Lock()
-	delete(hub.pending, stream) // Redis confirmed it
-	hub.mu.Unlock()
+	hub.SetUnconfirmed(stream, time.Time{}) // Redis confirmed it
 	if at, byAlive := fw.lookAt(); !byAlive || !at.After(fw.deadline) {
 		t.Fatalf("confirmed: look at %v (by alive %v); want later than the deadline %v, by alive", at, byAlive, fw.deadline)
 	}

@@ -26,13 +26,13 @@ func (fw *follower) ready(wait time.Duration) wakeEvent {
 	}
 	if fw.alive != nil {
 		select {
-		case <-fw.alive.notify:
+		case <-fw.alive.Notify():
 			return evAlive
 		default:
 		}
 	}
 	select {
-	case <-fw.w.notify:
+	case <-fw.w.Notify():
 		return evNotify
 	default:
 	}
@@ -59,16 +59,16 @@ func (fw *follower) park(wait time.Duration) {
 	p := &parking{fw: fw, w: fw.w, alive: fw.alive}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.w.setHook(func() { p.fire(evNotify) })
+	p.w.SetHook(func() { p.fire(evNotify) })
 	if p.alive != nil {
-		p.alive.setHook(func() { p.fire(evAlive) })
+		p.alive.SetHook(func() { p.fire(evAlive) })
 	}
 	p.timer = time.AfterFunc(wait, func() { p.fire(evTimer) })
 	p.stopCtx = context.AfterFunc(fw.l.ctx, func() { p.fire(evCtx) })
 	// A wake-up between ready and the hooks left its mark on the channel.
-	if len(p.w.notify) > 0 {
+	if len(p.w.Notify()) > 0 {
 		p.fire(evNotify)
-	} else if p.alive != nil && len(p.alive.notify) > 0 {
+	} else if p.alive != nil && len(p.alive.Notify()) > 0 {
 		p.fire(evAlive)
 	}
 }
@@ -86,9 +86,9 @@ func (p *parking) resume(ev wakeEvent) {
 		h()
 	}
 	p.mu.Lock()
-	p.w.setHook(nil)
+	p.w.SetHook(nil)
 	if p.alive != nil {
-		p.alive.setHook(nil)
+		p.alive.SetHook(nil)
 	}
 	p.timer.Stop()
 	p.stopCtx()
@@ -96,14 +96,14 @@ func (p *parking) resume(ev wakeEvent) {
 	// The wake-up's mark is taken as ready would have taken it.
 	switch ev {
 	case evNotify:
-		takeMark(p.w.notify)
+		takeMark(p.w.Notify())
 	case evAlive:
-		takeMark(p.alive.notify)
+		takeMark(p.alive.Notify())
 	}
 	p.fw.l.resume(ev)
 }
 
-func takeMark(c chan struct{}) {
+func takeMark(c <-chan struct{}) {
 	select {
 	case <-c:
 	default:

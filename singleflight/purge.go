@@ -11,6 +11,7 @@ import (
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight/internal/wake"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -72,9 +73,9 @@ func (m memory) listen() { close(m.g.inv.ready) }
 func (r *remote) listen() {
 	g := r.g
 	subscribed := false // only the receiving goroutine touches it
-	_ = r.wake.listen(g.channel(), listener{
-		message: g.apply,
-		confirmed: func() {
+	_ = r.wake.Listen(g.channel(), wake.Listener{
+		Message: g.apply,
+		Confirmed: func() {
 			if subscribed {
 				g.forgetAll()
 			} else {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight/internal/wake"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -192,7 +193,7 @@ func (rn *renewer) due(now time.Time) (batch, later []*renewal, by time.Time, go
 	}
 	var say []string
 	for token := range rn.stale {
-		say = append(say, staleMark+token)
+		say = append(say, wake.StaleMark+token)
 	}
 	for token, until := range rn.gone {
 		if until.After(now) {
@@ -271,7 +272,7 @@ func (rn *renewer) pipeline(ctx context.Context, batch []*renewal, alive bool, g
 			cmds[i] = rl.o.renewCmd(ctx, p)
 		}
 		if alive {
-			p.Publish(ctx, r.wake.aliveChannel(r.g.opts.InstanceID), gone)
+			p.Publish(ctx, r.wake.AliveChannel(r.g.opts.InstanceID), gone)
 		}
 		return nil
 	})

@@ -1,4 +1,4 @@
-package singleflight
+package wake
 
 import (
 	"strings"
@@ -7,6 +7,8 @@ import (
 
 // aliveState is what a process heard on an alive channel: a message moves until and wakes
 // nobody; silent wakes the watchers when a lease passes without one (ADRs 0009, 0057).
+// Written by the receiver (Heard) under Hub.mu; its timer, started there, wakes the
+// channel's watchers on a goroutine of its own; the last watcher's Close stops it.
 type aliveState struct {
 	until  time.Time // a lease after the last alive message
 	silent *time.Timer
@@ -15,22 +17,20 @@ type aliveState struct {
 	stale map[string]time.Time
 }
 
-// staleMark marks a token of an alive message whose last renewal failed.
-const staleMark = "~"
+// StaleMark marks a token of an alive message whose last renewal failed.
+const StaleMark = "~"
 
-// aliveChannel is where the owner instance id publishes that it renewed its leases.
-func (h *wakeHub) aliveChannel(instance string) string {
-	return h.r.g.opts.KeyPrefix + ":alive:" + instance
-}
+// AliveChannel is where instance publishes that it renewed its leases.
+func (h *Hub[E]) AliveChannel(instance string) string { return h.cfg.AlivePrefix + instance }
 
-// heard records an alive message on channel; the tokens gone, and those newly stale, wake
-// its watchers.
-func (h *wakeHub) heard(channel string, tokens []string) {
-	lease := h.r.g.opts.LeaseTTL
+// Heard records an alive message on channel, the receiver's part (tests call it too): the
+// tokens said gone, and those newly stale, wake its watchers; the others wake nobody.
+func (h *Hub[E]) Heard(channel string, tokens []string) {
+	lease := h.cfg.Lease
 	var gone []string
 	stale := map[string]bool{}
 	for _, t := range tokens {
-		if s, ok := strings.CutPrefix(t, staleMark); ok {
+		if s, ok := strings.CutPrefix(t, StaleMark); ok {
 			stale[s] = true
 		} else {
 			gone = append(gone, t)
@@ -43,7 +43,7 @@ func (h *wakeHub) heard(channel string, tokens []string) {
 		st := h.alive[channel]
 		if st == nil {
 			st = &aliveState{until: time.Now().Add(lease), stale: map[string]time.Time{}}
-			st.silent = time.AfterFunc(lease, func() { h.each(channel, func(*watch) {}) })
+			st.silent = time.AfterFunc(lease, func() { h.each(channel, func(*Watch[E]) {}) })
 			h.alive[channel] = st
 		}
 		was := st.until
@@ -63,7 +63,7 @@ func (h *wakeHub) heard(channel string, tokens []string) {
 	h.mu.Unlock()
 	// Followers parked on the messages work their wait out again, told of tokens said gone.
 	if newlyStale || len(gone) > 0 {
-		h.each(channel, func(w *watch) {
+		h.each(channel, func(w *Watch[E]) {
 			if len(gone) > 0 {
 				w.mu.Lock()
 				w.gone = append(w.gone, gone...)
@@ -71,15 +71,15 @@ func (h *wakeHub) heard(channel string, tokens []string) {
 			}
 		})
 	}
-	if h.r.g.hooks.aliveHeard != nil {
-		h.r.g.hooks.aliveHeard()
+	if h.cfg.Heard != nil {
+		h.cfg.Heard()
 	}
 }
 
-// aliveUntil is a lease after the last alive message heard on channel that did not say
+// AliveUntil is a lease after the last alive message heard on channel that did not say
 // token's renewal failed, or zero; moving says it is the last message's, which the next
 // one moves on.
-func (h *wakeHub) aliveUntil(channel, token string) (until time.Time, moving bool) {
+func (h *Hub[E]) AliveUntil(channel, token string) (until time.Time, moving bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := h.alive[channel]
