@@ -132,8 +132,9 @@
 //
 // # Files
 //
-//   - group.go, join.go, flight.go: local flights and their readers; coordinator.go: the
-//     two backends, local.go (memory) and remote.go (Redis).
+//   - group.go, join.go, flight.go: local flights and their readers; run.go: where every
+//     flight starts (Group.lead) and ends; coordinator.go: the two backends, local.go
+//     (memory) and remote.go (Redis).
 //   - lead.go: the leader's state machine (ADR 0052); follow.go and look.go: the follower's
 //     wait and its look-ups; stream.go: the wire format of entries; hit.go: a stored answer.
 //   - internal/wake (the connection, its watches, alive state; wake.go wires it): pub/sub wake-ups;
