@@ -37,6 +37,20 @@ const (
 	followHeld                      // parked: a wake-up goes on from here
 )
 
+// followMoves is the follower's transition table: the states each may be followed by. A
+// follow starts in followWait; followEnded and followHeld end loop, and a wake-up goes on
+// from followHeld on the goroutine it starts (park.go). See ADRs 0052, 0076.
+var followMoves = moves[followState]{
+	followWait:   to(followRead, followAlive, followTimer, followLook, followOutage, followEnded, followHeld),
+	followRead:   to(followWait, followLook, followEnded),
+	followAlive:  to(followWait),
+	followTimer:  to(followWait, followRead, followLook),
+	followLook:   to(followWait, followEnded),
+	followOutage: to(followWait, followRead, followAlive, followTimer, followEnded, followHeld),
+	followEnded:  0,
+	followHeld:   to(followWait, followRead, followAlive, followTimer, followEnded),
+}
+
 // follower follows the owner's stream into its flight until the attempt ends: it reads
 // after its last ID, takes what is pushed (ADR 0012), and looks up a silent flight.
 type follower struct {
@@ -86,22 +100,27 @@ func (r *remote) newFollower(l *leader, remaining time.Duration, readNow bool) (
 }
 
 // loop follows until the attempt ends or it parks (followParked); ev woke it, or evNone.
+// Each move is checked against followMoves.
 func (fw *follower) loop(ev wakeEvent) followEnd {
-	st := fw.on(ev)
+	st := fw.on(ev) // the start, with evNone, is followWait
+	if ev != evNone {
+		followMoves.check("follow", followHeld, st)
+	}
 	for {
+		var next followState
 		switch st {
 		case followWait:
-			st = fw.wait()
+			next = fw.wait()
 		case followRead:
-			st = fw.take()
+			next = fw.take()
 		case followAlive:
-			st = fw.heardAlive()
+			next = fw.heardAlive()
 		case followTimer:
-			st = fw.timedOut()
+			next = fw.timedOut()
 		case followLook:
-			st = fw.lookUp()
+			next = fw.lookUp()
 		case followOutage:
-			st = fw.waitOutage()
+			next = fw.waitOutage()
 		case followHeld:
 			return followEnd{kind: followParked}
 		case followEnded:
@@ -112,6 +131,8 @@ func (fw *follower) loop(ev wakeEvent) followEnd {
 			fw.l.r.g.observe(Event{Kind: EventWait, Key: fw.l.f.key, Duration: time.Since(fw.start)})
 			return fw.ending
 		}
+		followMoves.check("follow", st, next)
+		st = next
 	}
 }
 

@@ -21,6 +21,23 @@ const (
 	leadDetached                  // the lead goes on on another goroutine, which ends the flight
 )
 
+// leadMoves is the lead's transition table: the states each may be followed by. leadEnded
+// and leadDetached end run; a detached lead goes on from the state it detached in (leadRetry
+// to leadContend, leadFollow and leadCatchUp to what follows the follow), on the goroutine
+// that picks it up. See ADRs 0052, 0076.
+var leadMoves = moves[leadState]{
+	leadLookup:   to(leadClaim, leadOwn, leadFollow, leadLocal, leadEnded),
+	leadClaim:    to(leadLookup, leadContend, leadOwn, leadFollow, leadCatchUp, leadLocal, leadEnded),
+	leadContend:  to(leadLookup, leadEnded),
+	leadRetry:    to(leadContend, leadDetached),
+	leadOwn:      to(leadLookup, leadRetry, leadEnded),
+	leadFollow:   to(leadLookup, leadContend, leadLocal, leadEnded, leadDetached),
+	leadCatchUp:  to(leadLookup, leadLocal, leadEnded, leadDetached),
+	leadLocal:    to(leadEnded, leadDetached),
+	leadEnded:    0,
+	leadDetached: 0,
+}
+
 // followSite is why a leader follows, which says what the follow's end means.
 type followSite uint8
 
@@ -60,27 +77,29 @@ func (r *remote) lead(ctx context.Context, f *flight) bool {
 	return l.run(leadLookup)
 }
 
-// run is the lead's state machine, from st.
+// run is the lead's state machine, from st; each move is checked against leadMoves.
+// Invariant: one goroutine at a time runs a leader, the one that called run.
 func (l *leader) run(st leadState) bool {
 	for {
 		l.enter(st)
+		var next leadState
 		switch st {
 		case leadLookup:
-			st = l.lookup()
+			next = l.lookup()
 		case leadClaim:
-			st = l.claim()
+			next = l.claim()
 		case leadContend:
-			st = l.contend()
+			next = l.contend()
 		case leadRetry:
-			st = l.retry()
+			next = l.retry()
 		case leadOwn:
-			st = l.own()
+			next = l.own()
 		case leadFollow:
-			st = l.follow()
+			next = l.follow()
 		case leadCatchUp:
-			st = l.startFollow(followNewer, 0, true)
+			next = l.startFollow(followNewer, 0, true)
 		case leadLocal:
-			st = l.local()
+			next = l.local()
 		case leadEnded:
 			if l.marked && !l.answered {
 				l.r.unwait(l.f) // no mark stays of callers that wait no more (ADR 0074)
@@ -89,6 +108,8 @@ func (l *leader) run(st leadState) bool {
 		case leadDetached:
 			return false
 		}
+		leadMoves.check("lead", st, next)
+		st = next
 	}
 }
 
@@ -200,6 +221,7 @@ func (l *leader) retry() leadState {
 		return leadContend
 	}
 	go func() {
+		leadMoves.check("lead", leadRetry, leadContend)
 		if l.run(leadContend) {
 			l.r.g.endLead(l.ctx, l.f)
 		}
@@ -291,7 +313,13 @@ func (l *leader) startFollow(site followSite, remaining time.Duration, readNow b
 
 // resume goes on with a parked follow, and ends the flight when the lead is over.
 func (l *leader) resume(ev wakeEvent) {
-	if l.run(l.followed(l.fw.loop(ev))) {
+	from := leadFollow // the state that started the follow
+	if l.site == followNewer {
+		from = leadCatchUp
+	}
+	next := l.followed(l.fw.loop(ev))
+	leadMoves.check("lead", from, next)
+	if l.run(next) {
 		l.r.g.endLead(l.ctx, l.f)
 	}
 }
