@@ -107,6 +107,54 @@
 // Observer reports EventShardDown and EventShardUp per shard, EventDegraded and
 // EventRecovered for the first down and the last back.
 //
+// # Goroutines and ownership
+//
+// Who starts each kind of goroutine, and what it may touch (ADR 0076):
+//
+//   - The lead (run.go Group.lead): started by DoWith (group.go), on the caller's goroutine
+//     if Inline. It runs leader.run (lead.go), the owner function (owner.go own, callOwner)
+//     and the follow (follow.go); it owns its leader and follower, and the flight under
+//     f.mu. On its end it sends unwait.lua (abandon.go unwait) when its lead may have left
+//     a mark.
+//   - The resume (park.go parking.resume): started by the first of a parked follow's
+//     hooks to fire (a watch woken, its timer, the flight's context); it takes the lead
+//     over (leader.resume) and may end the flight.
+//   - The Inline retry (lead.go retry; run.go retryAfterJitter for memory): started when an
+//     Inline flight's attempt failed, so that its caller gets its failure at once (ADR
+//     0025); it takes the lead over.
+//   - The renewer (renewer.go loop), and a late renewal (renewLater): started by the first
+//     owned lease; they read remoteOwnership's atomics, cancel an attempt whose lease was
+//     lost (its cancel func), cut one Redis cut (abandon.go cutAttempt), and publish alive.
+//   - The hub's sender and receiver (internal/wake): started by the first Watch or Listen.
+//     The receiver runs purge.go's listener and wakes watches, which runs a park's hook
+//     (it only starts a resume). An alive channel's silence timer wakes them too.
+//   - The probe (degrade.go probe): started by the first shard to go down; the confirming
+//     PING (degrade.go confirm): started by a Redis operation's half-deadline timer
+//     (remote.go watchedOp). Both touch remote's fields under remote.mu alone.
+//   - goOn (owner.go): started by a final write Redis did not answer; it retries it
+//     (ownership.again) after the caller was answered, then ends the attempt.
+//   - A Writer's flush loop (writer.go flushLoop): started by a remote owner's first Write;
+//     it shares the Writer's buffers under Writer.mu.
+//   - The batcher's senders (batch.go): send queued lookups and completes in pipelines.
+//   - The idle timer's cutDue (abandon.go): started when nobody waits for an attempt owned
+//     here; after AbandonGrace it asks ownership.cut and cancels the attempt with
+//     ErrAbandoned. An Inline caller's context end runs callerGone (group.go).
+//
+// Hand-over: a leader, and its follower, belong to one goroutine at a time, the one in
+// leader.run. It lets go by parking (followHeld, then leadDetached) or by starting a
+// retry (leadDetached), and from then on reads only the fields fixed when the leader was
+// made (r, ctx, f). park sets every hook under parking.mu; the first to fire alone starts
+// a resume (parking.fired), which takes parking.mu before it goes on.
+// remoteOwnership's plain fields (op, write, wctx, raw, ferr) are written by own's
+// goroutine before goOn starts and read only by goOn after; its atomics (until, n,
+// leaseFrom, finalPending, cutIn) are shared with the renewer and cutDue.
+//
+// # Walkthroughs
+//
+// walkthroughs.md follows three cases through the code, step by step, with the tests
+// that hold each: an owner dies mid-stream; Redis hangs under an owner; a stale owner
+// wakes.
+//
 // # Glossary
 //
 //   - flight: one key's callers in one process, and its broadcast log (flight.go).

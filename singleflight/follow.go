@@ -52,7 +52,8 @@ var followMoves = moves[followState]{
 }
 
 // follower follows the owner's stream into its flight until the attempt ends: it reads
-// after its last ID, takes what is pushed (ADR 0012), and looks up a silent flight.
+// after its last ID, takes what is pushed (ADR 0012), and looks up a silent flight. Owned
+// with its leader by the goroutine in run; a park hands both to the resume it starts.
 type follower struct {
 	l      *leader
 	start  time.Time

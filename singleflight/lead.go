@@ -47,7 +47,8 @@ const (
 )
 
 // leader is one local flight's way through Redis. Its state lives here, not on a stack,
-// so that a parked follower holds no goroutine (ADR 0015).
+// so that a parked follower holds no goroutine (ADR 0015). Owned by the goroutine in run:
+// the lead, a resume or an Inline retry, handed over at leadDetached (doc.go).
 type leader struct {
 	r   *remote
 	ctx context.Context

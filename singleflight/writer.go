@@ -8,7 +8,8 @@ import (
 )
 
 // Writer is an owner's output: local readers get it at once, remote followers in fenced
-// batches. It is safe for use by one goroutine at a time.
+// batches. It is safe for use by one goroutine at a time, the owner function's; its
+// flushLoop goroutine (from the first Write) shares the fields below mu under it.
 type Writer struct {
 	g      *Group
 	f      *flight
