@@ -65,7 +65,7 @@ type remote struct {
 	seqMu           sync.Mutex
 	seqNext, seqEnd int64 // the reserved block of owner-seq numbers not used yet: [next, end]
 
-	mu           sync.Mutex      // guards down, suspect and probing, and changes of Group.degraded
+	mu           sync.Mutex      // guards down, suspect, verdict, hung, recovered, probing (seqDownUntil: seqMu), and changes of suspects and Group.degraded
 	down         map[string]bool // shards (see shard) that failed and are not answering yet
 	suspect      map[string]bool // shards whose timeout is being confirmed (see confirm)
 	suspects     atomic.Int32    // len(suspect), read without the lock on every lookup
