@@ -42,7 +42,7 @@ const (
 // waiting counts the callers that still wait; f.mu held.
 func (f *flight) waiting() int {
 	n := f.readers
-	if f.leaderOpen && f.leaderGone {
+	if f.starterOpen && f.starterGone {
 		n--
 	}
 	return n
@@ -132,7 +132,7 @@ func (g *Group) callerGone(f *flight) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	f.mu.Lock()
-	f.leaderGone = true
+	f.starterGone = true
 	idle := f.waiting() == 0 && !f.owning && !f.ended
 	g.updateIdle(f)
 	f.mu.Unlock()

@@ -2,7 +2,7 @@ package singleflight
 
 import "time"
 
-// The fence: a caller that has delivered nothing and may have joined after the answer
+// The landing gate: a caller that has delivered nothing and may have joined after the answer
 // landed joins the key anew (Reader.rejoin). A flight owned here goes by its own clock;
 // elsewhere, by an upper bound of Redis's clock at the join from the flight's lookups,
 // against complete's Redis time. See ADRs 0020 and 0021.
@@ -35,16 +35,16 @@ func (f *flight) sawRedis(ref clockRef) {
 	f.clockLast = ref
 }
 
-// fence sets when f's answer landed, in Redis's µs; 0 sends no caller back.
-func (f *flight) fence(landed int64) {
+// setLanded sets when f's answer landed, in Redis's µs; 0 sends no caller back.
+func (f *flight) setLanded(landed int64) {
 	f.mu.Lock()
 	f.landed = landed
 	f.mu.Unlock()
 }
 
-// fenceAt sets, for a flight owned here, the local time its final write was sent: callers
+// setLandedAt sets, for a flight owned here, the local time its final write was sent: callers
 // that joined before it are given the answer.
-func (f *flight) fenceAt(sent time.Time) {
+func (f *flight) setLandedAt(sent time.Time) {
 	f.mu.Lock()
 	f.landedAt = sent
 	f.mu.Unlock()

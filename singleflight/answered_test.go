@@ -118,16 +118,16 @@ func TestLateJoinerOfFollowingFlight(t *testing.T) {
 }
 
 // A follower's flight can end from its attempt's stored answer instead of the done entry
-// (a look after a read gap finds it stored): the answer's fence goes with it. Here the
+// (a look after a read gap finds it stored): the answer's landing gate goes with it. Here the
 // follower is held before it reads the done entry, and its flight is ended as such a look
 // ends it; the caller that joined after the owner's client had the answer asked for no
 // stored answer, and gets a call of its own.
-func TestFollowerEndingFromStoredAnswerIsFenced(t *testing.T) {
+func TestFollowerEndingFromStoredAnswerIsGated(t *testing.T) {
 	sc := heldAfterAnswer(t, redistest.Start(t), Options{ResultTTL: time.Minute}, false, true)
 	r := sc.other.g.rem()
 	d, err := r.lookup(sc.early.f.key, false, "", CallOptions{}, "1", 1)
 	if err != nil || d.verdict != verdictHit || d.landed == 0 {
-		t.Fatalf("lookup after the answer: %+v, %v; want a hit with its fence", d, err)
+		t.Fatalf("lookup after the answer: %+v, %v; want a hit with its landing gate", d, err)
 	}
 	r.serveHit(sc.early.f, d, &position{token: d.token})
 	if out := <-sc.earlyOut; out.err != nil || out.body != "answer-1" {
@@ -206,7 +206,7 @@ func following(t *testing.T, g *Group, key string, out <-chan outcome) {
 // The owner's final write runs on Redis (a follower elsewhere reads the done entry, and its
 // client has the answer) but its reply is lost, and the owner is cut off from Redis from
 // then on. While it makes the write again, its flight takes callers: one sent after the
-// client elsewhere had the answer must not be given it (answered.go). The fence is set
+// client elsewhere had the answer must not be given it (answered.go). The landing gate is set
 // unless the write was refused: an unanswered write may have landed.
 func TestLateJoinerOfAFlightWhoseFinalReplyWasLost(t *testing.T) {
 	srv := redistest.Start(t)

@@ -52,7 +52,7 @@
 // # Rules
 //
 //   - One clock: every lease decision is made in a script with Redis's TIME, TTLs are
-//     PEXPIRE durations, and Go code measures with the monotonic clock. The fence alone adds
+//     PEXPIRE durations, and Go code measures with the monotonic clock. The landing gate alone adds
 //     a monotonic wait to a Redis time, and decides no lease (ADR 0021). Scripts that write
 //     after TIME need effect replication, the default since Redis 5.
 //   - Lease, not lock: one goroutine per process renews every lease, then publishes an
@@ -158,7 +158,10 @@
 // # Glossary
 //
 //   - flight: one key's callers in one process, and its broadcast log (flight.go).
-//   - leader: the one side of a flight that talks to the coordinator (lead.go).
+//   - leader: the one side of a flight that talks to the coordinator, its lead's state
+//     machine (lead.go), run by the lead goroutine.
+//   - starter: the caller whose call started a flight (Reader.starter); its Reader reports
+//     RoleOwner when its process ran the call, and gets its own failed response (ADR 0025).
 //   - owner: the instance whose attempt holds the flight's token and lease, and calls.
 //   - follower: a caller served by another's call; in Redis, a leader reading another
 //     instance's owner's stream.
@@ -166,14 +169,17 @@
 //   - attempt: one upstream call of a flight, counted in the meta up to MaxAttempts.
 //   - generation: one attempt in the stream (opened by a gen entry) and in the local log.
 //   - takeover: a claim of a flight whose attempt failed or whose lease ran out.
-//   - look: a lookup of a flight's meta by a leader or a follower (look.go).
+//   - lookup: lookup.lua, sent by a leader (which may claim) or by a follower's look.
+//   - look: a follower's lookup of its flight's meta, at its lease's end or sooner (look.go:
+//     follower.look, lookAt, recheck).
 //   - alive message: what an instance publishes after each round of renewals, naming the
 //     tokens it stopped renewing (ADR 0009).
 //   - trust: how long a follower believes its owner instance's alive messages: at most
 //     Timeout plus a lease after its last look found the attempt running (ADR 0009).
 //   - park: a waiting follower with no goroutine, hooked to what can wake it (ADR 0015).
-//   - fence, fencing token: the token every owner write is compared against (ADR 0002);
-//     also answered.go's fence for a caller that may have joined after an answer landed.
+//   - fence, fencing token: the token every owner write is compared against (ADR 0002).
+//   - landing gate: answered.go's check that sends back a caller that may have joined after
+//     an answer landed (ADR 0021).
 //   - linger: how long a finished flight's stream stays readable (Options.Linger).
 //   - restore: an owner putting back a meta Redis lost (restore.lua, ADR 0010).
 //   - degrade: run a shard's flights local-only until the probe finds it usable.
@@ -190,6 +196,6 @@
 //   - owner.go, remote_owner.go, writer.go, renewer.go: owning an attempt.
 //   - decision.go: typed replies of lua/*.lua; batch.go: group commit (ADR 0016).
 //   - abandon.go: who still waits, and the cut of a call nobody waits for (ADR 0074).
-//   - degrade.go, refusal.go, check.go: a failing Redis; answered.go: the fence;
-//     purge.go: purges; cache.go, store.go: answers kept in memory (ADR 0028).
+//   - degrade.go, refusal.go, check.go: a failing Redis; answered.go: the landing gate;
+//     purge.go: purges; cache.go (the Group's cache), lru.go (its LRU): answers kept in memory (ADR 0028).
 package singleflight

@@ -18,39 +18,39 @@ type flight struct {
 	call    CallOptions // what the caller that started it asked for
 	started time.Time
 
-	cancel context.CancelCauseFunc // ends the flight's leader loop
+	cancel context.CancelCauseFunc // ends the flight's lead
 
-	mu         sync.Mutex
-	changed    chan struct{} // closed and replaced on every change
-	readers    int           // readers not yet closed
-	leaderOpen bool          // the reader of the caller whose fn this is has not closed
+	mu          sync.Mutex
+	changed     chan struct{} // closed and replaced on every change
+	readers     int           // readers not yet closed
+	starterOpen bool          // the starter's Reader (the caller whose fn this is) has not closed
 	// unserved counts the open readers that have delivered nothing: only they can use a
 	// new generation (ADR 0026).
-	unserved     int
-	leaderServed bool
-	owning       bool // this process runs the current attempt
-	gen          int
-	role         Role // of the current generation
-	age          time.Duration
-	head         *Head
-	chunks       [][]byte
-	ended        bool
-	endErr       error // with ended: the flight ended with this error instead of a response
-	// leaderFail is the failed response of the leader's own function, which the leader's
-	// reader gets as is (ADR 0025).
-	leaderFail *Result
-	attempts   int // owned attempts run here, for the flights listing
-	// The fence (answered.go): Redis's clock as the lookups read it, and the landing.
+	unserved      int
+	starterServed bool
+	owning        bool // this process runs the current attempt
+	gen           int
+	role          Role // of the current generation
+	age           time.Duration
+	head          *Head
+	chunks        [][]byte
+	ended         bool
+	endErr        error // with ended: the flight ended with this error instead of a response
+	// starterFail is the failed response of the starter's own function, which the
+	// starter's reader gets as is (ADR 0025).
+	starterFail *Result
+	attempts    int // owned attempts run here, for the flights listing
+	// The landing gate (answered.go): Redis's clock as the lookups read it, and the landing.
 	clockFirst, clockLast clockRef
 	landed                int64
 	landedAt              time.Time // owned here: when the final write was sent
 	// Abandonment (abandon.go, ADR 0074): whether anyone still waits for the call.
-	seq        uint64      // this flight among the Group's, in its mark in Redis
-	leaderGone bool        // the leader's caller ended before it could close its Reader
-	finishAll  bool        // a caller asked that the call finish even if nobody waits
-	cut        *attemptCut // the attempt owned here, while it runs
-	idle       idleSpell   // no caller waits here for the attempt owned here
-	idleTimer  *time.Timer // cuts the attempt once the spell has lasted the grace
+	seq         uint64      // this flight among the Group's, in its mark in Redis
+	starterGone bool        // the starter's caller ended before it could close its Reader
+	finishAll   bool        // a caller asked that the call finish even if nobody waits
+	cut         *attemptCut // the attempt owned here, while it runs
+	idle        idleSpell   // no caller waits here for the attempt owned here
+	idleTimer   *time.Timer // cuts the attempt once the spell has lasted the grace
 }
 
 func newFlight(key, lkey string, noCache bool, fn Func, cancel context.CancelCauseFunc) *flight {
@@ -83,15 +83,15 @@ func (f *flight) decide(role Role) {
 	}
 }
 
-// resetGen abandons the current generation; a first leaderFail is kept.
-func (f *flight) resetGen(leaderFail *Result) {
+// resetGen abandons the current generation; a first starterFail is kept.
+func (f *flight) resetGen(starterFail *Result) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.gen++
 	f.owning = false
 	f.head, f.chunks = nil, nil
-	if leaderFail != nil && f.leaderFail == nil {
-		f.leaderFail = leaderFail
+	if starterFail != nil && f.starterFail == nil {
+		f.starterFail = starterFail
 	}
 	f.broadcast()
 }
@@ -188,12 +188,12 @@ func (f *flight) hasEnded() bool {
 }
 
 // canUseNewGen reports whether a reader is left that has delivered nothing and does not
-// hold the leader's own failed answer.
+// hold the starter's own failed answer.
 func (f *flight) canUseNewGen() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := f.unserved
-	if f.leaderFail != nil && f.leaderOpen && !f.leaderServed {
+	if f.starterFail != nil && f.starterOpen && !f.starterServed {
 		n--
 	}
 	return n > 0
@@ -206,30 +206,30 @@ func (f *flight) begun() bool {
 	return f.gen > 0
 }
 
-// othersWaiting reports whether readers other than the leader's could use a new attempt.
+// othersWaiting reports whether readers other than the starter's could use a new attempt.
 func (f *flight) othersWaiting() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := f.unserved
-	if f.leaderOpen && !f.leaderServed {
+	if f.starterOpen && !f.starterServed {
 		n--
 	}
 	return n > 0
 }
 
 // served records that a reader delivered its first bytes, or its end; f.mu held.
-func (f *flight) served(leader bool) {
+func (f *flight) served(starter bool) {
 	f.unserved--
-	if leader {
-		f.leaderServed = true
+	if starter {
+		f.starterServed = true
 	}
 }
 
 // Reader reads one caller's outcome of a flight. It is not safe for concurrent use.
 type Reader struct {
-	g      *Group
-	f      *flight
-	leader bool
+	g       *Group
+	f       *flight
+	starter bool // this Reader is the starter's, the caller whose call started the flight
 	// What the caller asked for, and when it joined: for rejoin.
 	fn     Func
 	call   CallOptions
@@ -241,7 +241,7 @@ type Reader struct {
 	head      Head
 	role      Role
 	age       time.Duration
-	private   [][]byte // the leader's own failed response, when it gets one
+	private   [][]byte // the starter's own failed response, when it gets one
 	privEnd   bool
 	closed    bool
 }
@@ -259,8 +259,8 @@ func (r *Reader) Next(ctx context.Context) ([]byte, error) {
 	f := r.f
 	for {
 		f.mu.Lock()
-		if r.leader && !r.delivered && f.leaderFail != nil {
-			lf := f.leaderFail
+		if r.starter && !r.delivered && f.starterFail != nil {
+			lf := f.starterFail
 			f.served(true)
 			f.mu.Unlock()
 			r.privEnd, r.head, r.role, r.delivered = true, lf.Head, RoleOwner, true
@@ -313,11 +313,11 @@ func (r *Reader) Next(ctx context.Context) ([]byte, error) {
 
 // rejoin leaves f for a new join of its key: the answer may have landed first (ADR 0021).
 func (r *Reader) rejoin() error {
-	old, leader := r.f, r.leader
+	old, starter := r.f, r.starter
 	call := r.call
 	call.Inline = false // the caller is reading: it cannot lead
 	nr, err := r.g.DoWith(old.key, call, r.fn)
-	r.g.leave(old, leader, false)
+	r.g.leave(old, starter, false)
 	if err != nil {
 		r.closed = true
 		return err
@@ -330,11 +330,11 @@ func (r *Reader) rejoin() error {
 func (r *Reader) deliver(f *flight) {
 	if !r.delivered {
 		r.delivered = true
-		f.served(r.leader)
+		f.served(r.starter)
 		r.head = *f.head
 		r.age = f.age
 		r.role = f.role
-		if f.role == RoleOwner && !r.leader {
+		if f.role == RoleOwner && !r.starter {
 			r.role = RoleFollower
 		}
 	}
@@ -363,7 +363,7 @@ func (r *Reader) Role() Role {
 	}
 	r.f.mu.Lock()
 	defer r.f.mu.Unlock()
-	if r.f.role == RoleOwner && !r.leader {
+	if r.f.role == RoleOwner && !r.starter {
 		return RoleFollower
 	}
 	return r.f.role
@@ -378,5 +378,5 @@ func (r *Reader) Close() {
 		return
 	}
 	r.closed = true
-	r.g.leave(r.f, r.leader, r.delivered)
+	r.g.leave(r.f, r.starter, r.delivered)
 }

@@ -15,6 +15,7 @@ const (
 	followRedisErr                   // Redis does not answer
 	followLost                       // the attempt ended, but its entries could not all be read
 	followParked                     // nothing to do until something happens: see park
+	followLeft                       // the flight's context ended: its callers left
 )
 
 type followEnd struct {
@@ -117,9 +118,9 @@ func (fw *follower) loop(ev wakeEvent) followEnd {
 		case followAlive:
 			next = fw.heardAlive()
 		case followTimer:
-			next = fw.timedOut()
+			next = fw.timerFired()
 		case followLook:
-			next = fw.lookUp()
+			next = fw.look()
 		case followOutage:
 			next = fw.waitOutage()
 		case followHeld:
@@ -141,7 +142,7 @@ func (fw *follower) loop(ev wakeEvent) followEnd {
 func (fw *follower) on(ev wakeEvent) followState {
 	switch ev {
 	case evCtx:
-		return fw.end(followEnd{kind: followDone})
+		return fw.end(followEnd{kind: followLeft})
 	case evAlive:
 		return followAlive
 	case evNotify:
@@ -216,8 +217,8 @@ func (fw *follower) heardAlive() followState {
 	return followWait
 }
 
-// timedOut waits on while the owner says it is alive, else looks (or, polling, reads).
-func (fw *follower) timedOut() followState {
+// timerFired waits on while the owner says it is alive, else looks (or, polling, reads).
+func (fw *follower) timerFired() followState {
 	r := fw.l.r
 	if at, _ := fw.lookAt(); !fw.polling && time.Until(at) > 0 && r.recheckEvery == 0 {
 		fw.looks = 0 // the owner said it is alive since the wait began
@@ -248,7 +249,7 @@ func (fw *follower) take() followState {
 		var err error
 		stored, err = r.readAfter(l.ctx, fw.stream, pos.last)
 		if l.ctx.Err() != nil {
-			return fw.end(followEnd{kind: followDone})
+			return fw.end(followEnd{kind: followLeft})
 		}
 		if err != nil {
 			r.redisErr("xread", f.key, err) // e.g. a failover: check again

@@ -15,7 +15,7 @@ type Group struct {
 	stop    context.CancelCauseFunc
 	wg      sync.WaitGroup
 	cacheMu sync.Mutex
-	cache   *store      // stored results in this process; see cached
+	cache   *lruCache   // stored results in this process; see cached
 	coord   coordinator // remote with Redis, memory without
 
 	mu        sync.Mutex
@@ -55,7 +55,7 @@ func New(opts Options) *Group {
 	ctx, stop := context.WithCancelCause(context.Background())
 	g := &Group{opts: opts, ctx: ctx, stop: stop, flights: map[string]*flight{}, owned: map[*flight]bool{}, ownedIdle: make(chan struct{})}
 	// The result store without Redis; with Redis a first level in front of it (ADR 0028).
-	g.cache = newStore(opts.MemoryMaxEntries, opts.MemoryMaxBytes)
+	g.cache = newLRU(opts.MemoryMaxEntries, opts.MemoryMaxBytes)
 	g.coord = memory{g}
 	if opts.Redis != nil {
 		g.coord = newRemote(g)
@@ -92,9 +92,9 @@ func (g *Group) DoWith(key string, o CallOptions, fn Func) (*Reader, error) {
 			return g.serveStored(key, lkey, o, sr), nil
 		}
 	}
-	leader := f == nil
+	starter := f == nil
 	var ctx context.Context
-	if leader {
+	if starter {
 		var cancel context.CancelCauseFunc
 		ctx, cancel = context.WithCancelCause(g.ctx)
 		f = newFlight(key, lkey, o.NoCache, fn, cancel)
@@ -111,18 +111,18 @@ func (g *Group) DoWith(key string, o CallOptions, fn Func) (*Reader, error) {
 	f.mu.Lock()
 	f.readers++
 	f.unserved++
-	f.leaderOpen = f.leaderOpen || leader
+	f.starterOpen = f.starterOpen || starter
 	f.finishAll = f.finishAll || o.Finish
 	g.updateIdle(f) // a caller that comes back within the grace keeps the call (ADR 0074)
 	f.mu.Unlock()
 	g.mu.Unlock()
 	g.emitIdle(f)
-	rd := &Reader{g: g, f: f, leader: leader, fn: fn, call: o}
+	rd := &Reader{g: g, f: f, starter: starter, fn: fn, call: o}
 	rd.joined = f.started
-	if !leader {
+	if !starter {
 		rd.joined = time.Now()
 	}
-	if leader && o.Inline {
+	if starter && o.Inline {
 		// The caller cannot close its Reader before the lead returns: its Context says
 		// when it stops waiting.
 		if o.Context != nil {
@@ -141,18 +141,18 @@ func (g *Group) serveStored(key, lkey string, o CallOptions, sr storedResult) *R
 	f.call, f.started = o, time.Now()
 	f.finishHit(sr.head, sr.body, time.Since(sr.at))
 	f.mu.Lock()
-	f.readers, f.unserved, f.leaderOpen = 1, 1, true
+	f.readers, f.unserved, f.starterOpen = 1, 1, true
 	f.mu.Unlock()
 	g.observe(Event{Kind: EventFlightEnd, Key: key})
-	return &Reader{g: g, f: f, leader: true}
+	return &Reader{g: g, f: f, starter: true}
 }
 
-// noCancel is the cancel function of a flight that has no leader loop to end.
+// noCancel is the cancel function of a flight that has no lead to end.
 var noCancel context.CancelCauseFunc = func(error) {}
 
 // leave is called when a reader closes. A flight whose last caller leaves ends, unless
 // owned here: then it may be cut once nobody waits anywhere (ADR 0074).
-func (g *Group) leave(f *flight, leader, delivered bool) {
+func (g *Group) leave(f *flight, starter, delivered bool) {
 	defer g.emitIdle(f)
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -161,8 +161,8 @@ func (g *Group) leave(f *flight, leader, delivered bool) {
 	if !delivered {
 		f.unserved--
 	}
-	if leader {
-		f.leaderOpen = false
+	if starter {
+		f.starterOpen = false
 	}
 	idle := f.waiting() == 0 && !f.owning && !f.ended
 	g.updateIdle(f)

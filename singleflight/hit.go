@@ -6,7 +6,7 @@ func (r *remote) serveHit(f *flight, d decision, pos *position) {
 	d.head = r.g.keepFor(f.key, d.head, d.body, d.age, d.ttl) // annotated: its readers need not parse it
 	if pos.token != "" {
 		// Some callers may have joined after the answer landed (ADR 0021).
-		f.fence(d.landed)
+		f.setLanded(d.landed)
 	}
 	switch {
 	case pos.token == "":

@@ -336,6 +336,8 @@ func (l *leader) followed(end followEnd) leadState {
 	case followDone:
 		l.answered = l.ctx.Err() == nil // else its callers left
 		return leadEnded
+	case followLeft:
+		return leadEnded // no answer for callers who left
 	case followRedisErr:
 		return leadLocal
 	}

@@ -27,9 +27,9 @@ func TestRetryThenSuccess(t *testing.T) {
 			wait := doAll(t, g, key, 5, fn)
 			close(gate)
 			outs := wait()
-			// The leader gets its own upstream answer; the others get the retry's.
+			// The starter gets its own upstream answer; the others get the retry's.
 			if outs[0].head.Status != 500 || outs[0].body != "boom" {
-				t.Fatalf("leader: got (%d, %q); want its own (500, boom)", outs[0].head.Status, outs[0].body)
+				t.Fatalf("starter: got (%d, %q); want its own (500, boom)", outs[0].head.Status, outs[0].body)
 			}
 			for i, o := range outs[1:] {
 				if o.err != nil || o.head.Status != 200 || o.body != "ok" {
@@ -83,9 +83,9 @@ func TestInlineOwnerGetsItsOwnFailureAtOnce(t *testing.T) {
 			if n := <-running; n != 2 {
 				t.Fatalf("call %d ran second", n)
 			}
-			var leader *Reader
+			var starter *Reader
 			select {
-			case leader = <-led:
+			case starter = <-led:
 			case <-time.After(5 * time.Second):
 				t.Fatal("the inline caller is still leading while the retry for the others runs")
 			}
@@ -95,7 +95,7 @@ func TestInlineOwnerGetsItsOwnFailureAtOnce(t *testing.T) {
 					t.Errorf("waiter %d: got (%d, %q, %v); want the last attempt's (500, call 3)", i, o.head.Status, o.body, o.err)
 				}
 			}
-			o := readAll(context.Background(), leader)
+			o := readAll(context.Background(), starter)
 			if o.err != nil || o.head.Status != 500 || o.body != "call 1" || o.role != RoleOwner {
 				t.Fatalf("inline caller: got (%d, %q, %v, %v); want its own call's (500, call 1) as owner", o.head.Status, o.body, o.role, o.err)
 			}

@@ -55,8 +55,8 @@ func (fw *follower) lookAt() (at time.Time, byAlive bool) {
 	return at, false
 }
 
-// lookUp looks the flight up; an attempt said gone is waited on for its lease alone.
-func (fw *follower) lookUp() followState {
+// look looks the flight up; an attempt said gone is waited on for its lease alone.
+func (fw *follower) look() followState {
 	known := fw.leaseEnd
 	if at, _ := fw.lookAt(); at.After(fw.leaseEnd) {
 		fw.leaseEnd = at // the owner said it is alive: its lease runs that long
@@ -89,7 +89,7 @@ func (fw *follower) recheck() lookResult {
 	mark, callers := f.mark()
 	d, err := r.lookup(f.key, f.noCache, "", f.call, mark, callers)
 	if l.ctx.Err() != nil {
-		fw.end(followEnd{kind: followDone})
+		fw.end(followEnd{kind: followLeft})
 		return lookEnd
 	}
 	if err != nil {

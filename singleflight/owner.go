@@ -161,9 +161,9 @@ func (g *Group) completeAttempt(wctx context.Context, f *flight, o ownership, w 
 		// Refused, the write still leaves the local readers their whole answer (ADR 0027).
 		g.writeEnded(o, f.key, "complete", cerr)
 	}
-	// Fenced unless refused: a write whose reply was lost may have landed (ADR 0021).
+	// Gated unless refused: a write whose reply was lost may have landed (ADR 0021).
 	if o.remote() && !errors.Is(cerr, ErrLeaseLost) && !errors.Is(cerr, ErrFlightGone) {
-		f.fenceAt(sent)
+		f.setLandedAt(sent)
 	}
 	f.finish(res.Head, res.Body)
 	if handed {
@@ -198,7 +198,7 @@ func (g *Group) failAttempt(wctx context.Context, f *flight, o ownership, res Re
 	if res.Head.Status != 0 {
 		lf = &res
 	} else {
-		lf = &Result{} // no response: the leader's reader gets ErrFailed
+		lf = &Result{} // no response: the starter's reader gets ErrFailed
 	}
 	f.resetGen(lf)
 	return handed, err

@@ -44,7 +44,7 @@ func (g *Group) endLead(ctx context.Context, f *flight) {
 	g.observe(Event{Kind: EventFlightEnd, Key: f.key})
 }
 
-// retryDue reports whether another attempt is due: callers other than the leader wait and
+// retryDue reports whether another attempt is due: callers other than the starter wait and
 // attempts are left (ADR 0026). With none left, it delivers the last error.
 func (g *Group) retryDue(f *flight, attempt int, last Result) bool {
 	if g.endIfAlone(f) {
@@ -87,7 +87,7 @@ func (g *Group) jitter(ctx context.Context) bool {
 	return sleep(ctx, rand.N(g.opts.TakeoverJitter))
 }
 
-// endIfAlone forgets f when no caller but the leader waits: newcomers start anew.
+// endIfAlone forgets f when no caller but the starter waits: newcomers start anew.
 func (g *Group) endIfAlone(f *flight) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()

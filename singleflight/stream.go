@@ -216,7 +216,7 @@ func (p *position) apply(f *flight, e entry) (followEnd, bool) {
 		if head == nil {
 			head = &Head{Status: 200}
 		}
-		f.fence(e.landed)
+		f.setLanded(e.landed)
 		f.finish(*head, []byte(e.data))
 		return followEnd{kind: followDone}, true
 	case entryFailed:

@@ -7,10 +7,10 @@ import (
 	"time"
 )
 
-// TestStoreBoundedInBytes: the answers kept in the process are bounded in bytes, not only
+// TestLRUBoundedInBytes: the answers kept in the process are bounded in bytes, not only
 // in count: large answers evict the least recently used ones, and the heap stays within
 // the bound whatever the answers' sizes.
-func TestStoreBoundedInBytes(t *testing.T) {
+func TestLRUBoundedInBytes(t *testing.T) {
 	const (
 		answer = 1 << 20
 		bound  = 8 << 20
@@ -45,8 +45,8 @@ func TestStoreBoundedInBytes(t *testing.T) {
 	}
 }
 
-func TestStoreEviction(t *testing.T) {
-	s := newStore(3, 100)
+func TestLRUEviction(t *testing.T) {
+	s := newLRU(3, 100)
 	add := func(k string, size int) { s.add(k, storedResult{body: make([]byte, size)}) }
 	add("a", 40)
 	add("b", 40)
