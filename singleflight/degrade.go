@@ -215,6 +215,12 @@ func (r *remote) awaitVerdict(ctx context.Context, key string) {
 // a connection of its own within half a deadline: an operation that timed out may have waited
 // for a pooled connection of a busy process, not on a Redis that hangs (ADR 0056).
 func (r *remote) confirm(rkey string, cause error) {
+	r.confirmBy(rkey, cause, time.Now().Add(r.g.opts.RedisTimeout/2))
+}
+
+// confirmBy is confirm with a PING that ends by deadline, at most half a deadline from now:
+// the verdict on a watched operation is in by the operation's own deadline (ADR 0056).
+func (r *remote) confirmBy(rkey string, cause error, deadline time.Time) {
 	shard := r.shardOf(rkey)
 	r.mu.Lock()
 	if r.down[shard] || r.suspect[shard] || !r.g.counted() { // counted: the PING's goroutine
@@ -226,7 +232,7 @@ func (r *remote) confirm(rkey string, cause error) {
 	r.mu.Unlock()
 	go func() {
 		defer r.g.wg.Done()
-		err := r.pingAlone(rkey)
+		err := r.pingAlone(rkey, deadline)
 		answers := err == nil
 		if !answers {
 			r.degrade(shard, cause)
@@ -251,10 +257,13 @@ func (r *remote) confirm(rkey string, cause error) {
 }
 
 // pingAlone sends a PING to the server that holds rkey, on a connection dialled for it,
-// and says why it did not answer within half a deadline (nil: it did). Any reply counts,
-// a refusal included.
-func (r *remote) pingAlone(rkey string) error {
-	ctx, cancel := context.WithTimeout(r.g.ctx, r.g.opts.RedisTimeout/2)
+// and says why it did not answer by deadline, or within half a deadline (nil: it did). Any
+// reply counts, a refusal included.
+func (r *remote) pingAlone(rkey string, deadline time.Time) error {
+	if half := time.Now().Add(r.g.opts.RedisTimeout / 2); half.Before(deadline) {
+		deadline = half
+	}
+	ctx, cancel := context.WithDeadline(r.g.ctx, deadline)
 	defer cancel()
 	var c *redis.Client
 	switch rdb := r.rdb.(type) {
@@ -274,7 +283,6 @@ func (r *remote) pingAlone(rkey string) error {
 		return err
 	}
 	defer conn.Close()
-	deadline, _ := ctx.Deadline()
 	_ = conn.SetDeadline(deadline)
 	if _, err := conn.Write([]byte("*1\r\n$4\r\nPING\r\n")); err != nil {
 		return err
