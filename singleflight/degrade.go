@@ -59,10 +59,11 @@ func (r *remote) degradedAt(rkey string) bool {
 
 // degrade marks shard unusable until a probe finds it answering. Group.degraded, down and
 // probing change under one lock: a failure while a probe ends leaves one running.
+// Its calls queued for a pipeline end at once (ADR 0063).
 func (r *remote) degrade(shard string, cause error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.down[shard] {
+		r.mu.Unlock()
 		return
 	}
 	r.down[shard] = true
@@ -71,11 +72,12 @@ func (r *remote) degrade(shard string, cause error) {
 		r.g.degraded.Store(true)
 		r.g.observe(Event{Kind: EventDegraded, Op: shard, Err: cause})
 	}
-	if r.probing || !r.g.counted() {
-		return
+	if !r.probing && r.g.counted() {
+		r.probing = true
+		go r.probe()
 	}
-	r.probing = true
-	go r.probe()
+	r.mu.Unlock()
+	r.batch.shed(shard)
 }
 
 // probe checks the shards that are down every 250 ms until none is.
@@ -191,7 +193,14 @@ func (r *remote) awaitVerdict(ctx context.Context, key string) {
 	if r.suspects.Load() == 0 {
 		return
 	}
-	s := r.shard(key)
+	r.awaitShard(ctx, r.shard(key))
+}
+
+// awaitShard is awaitVerdict for shard s.
+func (r *remote) awaitShard(ctx context.Context, s string) {
+	if r.suspects.Load() == 0 {
+		return
+	}
 	t := time.NewTimer(r.g.opts.RedisTimeout / 2)
 	defer t.Stop()
 	for {
