@@ -59,7 +59,7 @@ func (r *remote) degradedAt(rkey string) bool {
 
 // degrade marks shard unusable until a probe finds it answering. Group.degraded, down and
 // probing change under one lock: a failure while a probe ends leaves one running.
-// Its calls queued for a pipeline end at once (ADR 0063).
+// Its calls queued or sent in a shared pipeline end at once (ADR 0063).
 func (r *remote) degrade(shard string, cause error) {
 	r.mu.Lock()
 	if r.down[shard] {
