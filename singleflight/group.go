@@ -154,17 +154,25 @@ var noCancel context.CancelCauseFunc = func(error) {}
 // leave is called when a reader closes. A flight whose last caller leaves ends, unless
 // owned here: then it may be cut once nobody waits anywhere (ADR 0074).
 func (g *Group) leave(f *flight, leader, delivered bool) {
+	g.stopWaiting(f, func() {
+		f.readers--
+		if !delivered {
+			f.unserved--
+		}
+		if leader {
+			f.leaderOpen = false
+		}
+	})
+}
+
+// stopWaiting applies a caller's leaving (gone, with f.mu held); a flight nobody waits for
+// ends unless owned here, and an owned one starts its idle spell.
+func (g *Group) stopWaiting(f *flight, gone func()) {
 	defer g.emitIdle(f)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	f.mu.Lock()
-	f.readers--
-	if !delivered {
-		f.unserved--
-	}
-	if leader {
-		f.leaderOpen = false
-	}
+	gone()
 	idle := f.waiting() == 0 && !f.owning && !f.ended
 	g.updateIdle(f)
 	f.mu.Unlock()
