@@ -89,24 +89,29 @@ func TestAbandonedStreamIsCut(t *testing.T) {
 	}
 }
 
+// postUntil sends a unary chat request in the background; the returned function makes its
+// client give up (as a client timeout does) and waits until it has.
+func postUntil(base, body string) (giveUp func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+chatPath, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+apiKeyA)
+		if resp, err := client.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
 func TestAbandonedUnaryIsCut(t *testing.T) {
 	c := abandonCluster(t, 1, nil)
 	c.fake.set(fakeupstream.Behavior{Hold: true})
-	ctx, giveUp := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.ins[0].URL+chatPath, strings.NewReader(chatBody("e2e-abandon-unary", "give up")))
-		req.Header.Set("Authorization", "Bearer "+apiKeyA)
-		resp, err := client.Do(req)
-		if err == nil {
-			resp.Body.Close()
-		}
-		done <- err
-	}()
+	giveUp := postUntil(c.ins[0].URL, chatBody("e2e-abandon-unary", "give up"))
 	c.fake.waitFor(fakeupstream.Stats{Calls: 1}, 10*time.Second)
-	giveUp() // a client timeout
 	left := time.Now()
-	<-done
+	giveUp() // a client timeout
 	withinCut(t, "unary", cutOf(t, c), left, abandonGrace+100*time.Millisecond)
 }
 
@@ -270,21 +275,11 @@ func TestAbandonedOwnerKilledIsTakenOver(t *testing.T) {
 	c.fake.set(fakeupstream.Behavior{Hold: true})
 	model := "e2e-abandon-kill"
 	body := chatBody(model, "kill the owner nobody waits on")
-	ctx, giveUp := context.WithCancel(context.Background())
-	gaveUp := make(chan struct{})
-	go func() {
-		defer close(gaveUp)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.ins[0].URL+chatPath, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+apiKeyA)
-		if resp, err := client.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
+	giveUp := postUntil(c.ins[0].URL, body)
 	c.fake.waitFor(fakeupstream.Stats{Calls: 1}, 10*time.Second)
 	follower := postAsync(c.ins[1].URL, chatPath, body, apiKeyA)
 	waitWaiting(t, c.ins[1:], 1)
 	giveUp()
-	<-gaveUp
 	// Past the grace, the owner still runs the call for the follower elsewhere.
 	rounds := c.ins[0].metric("llm_dedupe_abandoned_flights_total", map[string]string{"outcome": "cancelled"})
 	time.Sleep(abandonGrace + 2*heartbeat) // nothing to wait on: the cut must not come

@@ -1,7 +1,9 @@
 package proxy_test
 
 import (
+	"context"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/fakeupstream"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
@@ -247,5 +250,33 @@ func TestRequestLogNamesItsTrace(t *testing.T) {
 	rec.waitEnded(t, "POST", 1) // the line is written before the span ends
 	if !strings.Contains(buf.String(), `"trace_id":"0af7651916cd43dd8448eb211c80319c"`) {
 		t.Fatalf("log %s; want the request's trace_id", buf.String())
+	}
+}
+
+// TestCutCallsSpanIsMarkedAbandoned: a call whose client gave up, and which nobody else
+// waits for, is cut; its client span ends marked abandoned. See ADR 0074.
+func TestCutCallsSpanIsMarkedAbandoned(t *testing.T) {
+	up := startUpstream(t)
+	up.Set(fakeHold())
+	rec := newSpanLog()
+	in := newInstance(t, up, traced(setup{flight: singleflight.Options{AbandonGrace: time.Millisecond}}, rec))
+	ctx, giveUp := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, in.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-up.Started()
+	giveUp()
+	<-done
+	spans := rec.waitEnded(t, "chat ", 1)
+	if v, ok := attrOf(spans[0].Attributes(), tracing.Abandoned); !ok || !v.AsBool() {
+		t.Fatalf("the cut call's span %q has attributes %v; want %s=true", spans[0].Name(), spans[0].Attributes(), tracing.Abandoned)
+	}
+	if _, ok := up.Wait(fakeupstream.Stats{Calls: 1, Abandoned: 1}, 10*time.Second); !ok {
+		t.Fatalf("upstream %+v; want its one call cut", up.Stats())
 	}
 }

@@ -128,18 +128,7 @@ func (g *Group) ownedBy(f *flight, a *attemptCut, cancelled bool) {
 
 // callerGone is the end of a caller's Context: it waits no more (see CallOptions.Context).
 func (g *Group) callerGone(f *flight) {
-	defer g.emitIdle(f)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	f.mu.Lock()
-	f.starterGone = true
-	idle := f.waiting() == 0 && !f.owning && !f.ended
-	g.updateIdle(f)
-	f.mu.Unlock()
-	if idle {
-		g.forget(f)
-		f.cancel(errCallersLeft)
-	}
+	g.stopWaiting(f, func() { f.starterGone = true })
 }
 
 // cutDue runs when an idle spell has lasted the grace: the attempt is cut if its

@@ -11,41 +11,68 @@ import (
 )
 
 // batcher sends the scripts many flights run at once in shared pipelines; a lone call goes
-// at once. See ADR 0016.
+// at once. Each shard (see remote.shard) has its own queue and pipelines: a Cluster master
+// that hangs holds up its own calls, never another master's. See ADRs 0016, 0063.
 type batcher struct {
 	r *remote
 
-	mu       sync.Mutex
+	mu     sync.Mutex
+	shards map[string]*shardQueue // by shard; an idle one is dropped
+}
+
+// shardQueue is one shard's calls waiting for a pipeline, and its pipelines out; b.mu
+// guards it.
+type shardQueue struct {
+	shard    string
 	queue    []*batchCall
-	inflight int // pipelines out
+	inflight int                   // pipelines out
+	out      map[*outPipeline]bool // those sent, until they return
+}
+
+// outPipeline is a pipeline sent; shed cuts it when its shard is found down.
+type outPipeline struct {
+	cancel context.CancelFunc
+	shed   atomic.Bool
 }
 
 type batchCall struct {
-	script *redis.Script
-	keys   []string
-	args   []any
-	cmd    *redis.Cmd
-	done   chan struct{}
-	late   atomic.Bool // its caller stopped waiting: not sent
+	script   *redis.Script
+	keys     []string
+	args     []any
+	deadline time.Time // one deadline from when it was queued (ADR 0056)
+	cmd      *redis.Cmd
+	done     chan struct{}
+	late     atomic.Bool // its caller stopped waiting: not sent
 }
 
 const (
-	maxPipelines = 4   // out at once, as for renewals
+	maxPipelines = 4   // out at once per shard, as for renewals
 	maxBatch     = 256 // calls in one pipeline
 )
 
-// run runs script in a shared pipeline; once queued, it goes out whatever its caller does.
+// run runs script in a shared pipeline of its shard; once queued, it goes out whatever its
+// caller does, unless its shard is down or its deadline passed first.
 func (b *batcher) run(script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	c := &batchCall{script: script, keys: keys, args: args, done: make(chan struct{})}
+	c := &batchCall{script: script, keys: keys, args: args, done: make(chan struct{}),
+		deadline: time.Now().Add(b.r.g.opts.RedisTimeout)}
+	shard := b.r.shardOf(keys[0])
 	b.mu.Lock()
-	b.queue = append(b.queue, c)
-	send := b.inflight < maxPipelines
+	q := b.shards[shard]
+	if q == nil {
+		if b.shards == nil {
+			b.shards = map[string]*shardQueue{}
+		}
+		q = &shardQueue{shard: shard, out: map[*outPipeline]bool{}}
+		b.shards[shard] = q
+	}
+	q.queue = append(q.queue, c)
+	send := q.inflight < maxPipelines
 	if send {
-		b.inflight++
+		q.inflight++
 	}
 	b.mu.Unlock()
 	if send {
-		b.sendNext()
+		b.sendNext(q)
 	}
 	select {
 	case <-c.done:
@@ -54,70 +81,124 @@ func (b *batcher) run(script *redis.Script, keys []string, args ...any) *redis.C
 	}
 	// Queued behind pipelines that do not come back: one deadline from the call, queue
 	// included, is all its caller waits (ADR 0056).
-	t := time.NewTimer(b.r.g.opts.RedisTimeout)
+	t := time.NewTimer(time.Until(c.deadline))
 	defer t.Stop()
 	select {
 	case <-c.done:
 		return c.cmd
 	case <-t.C:
 		c.late.Store(true)
-		cmd := redis.NewCmd(context.Background())
-		cmd.SetErr(context.DeadlineExceeded)
-		return cmd
+		return failedCmd(context.DeadlineExceeded)
 	}
 }
 
-// sendNext sends one pipeline of what is queued; a goroutine sends the next if more came.
-func (b *batcher) sendNext() {
+func failedCmd(err error) *redis.Cmd {
+	cmd := redis.NewCmd(context.Background())
+	cmd.SetErr(err)
+	return cmd
+}
+
+// sendNext sends one pipeline of what q holds; a goroutine sends the next if more came.
+func (b *batcher) sendNext(q *shardQueue) {
 	b.mu.Lock()
-	n := min(len(b.queue), maxBatch)
-	batch := b.queue[:n:n]
-	b.queue = b.queue[n:]
-	if len(b.queue) == 0 {
-		b.queue = nil
+	n := min(len(q.queue), maxBatch)
+	batch := q.queue[:n:n]
+	q.queue = q.queue[n:]
+	if len(q.queue) == 0 {
+		q.queue = nil
 	}
 	b.mu.Unlock()
 	if n > 0 {
-		b.send(batch)
+		b.send(q, batch)
 	}
 	b.mu.Lock()
-	more := len(b.queue) > 0
+	more := len(q.queue) > 0
 	if !more {
-		b.inflight--
+		q.inflight--
+		if q.inflight == 0 && b.shards[q.shard] == q {
+			delete(b.shards, q.shard)
+		}
 	}
 	b.mu.Unlock()
 	if more {
-		go b.sendNext()
+		go b.sendNext(q)
 	}
 }
 
-func (b *batcher) send(batch []*batchCall) {
-	rdb := b.r.rdb
-	// A call whose shard went down while it queued is not sent: one deadline is all its
-	// caller waits (ADR 0056).
-	batch = slices.DeleteFunc(batch, func(c *batchCall) bool {
-		if c.late.Load() {
-			close(c.done)
-			return true
+// shed ends at once the calls of a shard found down ("": every shard), queued or sent:
+// their callers need not wait out their own deadlines (ADR 0063).
+func (b *batcher) shed(shard string) {
+	b.mu.Lock()
+	var dropped []*batchCall
+	for s, q := range b.shards {
+		if shard == "" || s == shard {
+			dropped = append(dropped, q.queue...)
+			q.queue = nil
+			for p := range q.out {
+				p.shed.Store(true)
+				p.cancel()
+			}
 		}
-		if !b.r.degradedAt(c.keys[0]) {
+	}
+	b.mu.Unlock()
+	for _, c := range dropped {
+		c.cmd = failedCmd(errShardDown)
+		close(c.done)
+	}
+}
+
+func (b *batcher) send(q *shardQueue, batch []*batchCall) {
+	// No command goes to a suspected shard: its PING decides first (ADR 0056).
+	if first := earliest(batch); time.Now().Before(first) {
+		ctx, cancel := context.WithDeadline(context.Background(), first)
+		b.r.awaitShard(ctx, q.shard)
+		cancel()
+	}
+	// A call whose shard went down while it queued is not sent, nor one whose deadline
+	// passed: one deadline is all its caller waits (ADR 0056).
+	now := time.Now()
+	batch = slices.DeleteFunc(batch, func(c *batchCall) bool {
+		switch {
+		case c.late.Load():
+		case !now.Before(c.deadline):
+			c.cmd = failedCmd(context.DeadlineExceeded)
+		case b.r.degradedAt(c.keys[0]):
+			c.cmd = failedCmd(errShardDown)
+		default:
 			return false
 		}
-		c.cmd = redis.NewCmd(context.Background())
-		c.cmd.SetErr(errShardDown)
 		close(c.done)
 		return true
 	})
 	if len(batch) == 0 {
 		return
 	}
-	// Watched on a call that is sent: a down shard's is not confirmed again.
-	ctx, cancel := b.r.watchedOp(context.Background(), batch[0].keys[0])
+	// Watched on a call that is sent, until the first deadline of the batch: its verdict
+	// is in by then.
+	ctx, cancel := b.r.watchedUntil(context.Background(), batch[0].keys[0], earliest(batch))
 	defer cancel()
+	p := &outPipeline{cancel: cancel}
+	b.mu.Lock()
+	q.out[p] = true
+	b.mu.Unlock()
+	b.exec(ctx, batch)
+	b.mu.Lock()
+	delete(q.out, p)
+	b.mu.Unlock()
+	for _, c := range batch {
+		if p.shed.Load() && c.cmd.Err() != nil {
+			c.cmd = failedCmd(errShardDown)
+		}
+		close(c.done)
+	}
+}
+
+// exec runs batch's calls, in one pipeline if there are several.
+func (b *batcher) exec(ctx context.Context, batch []*batchCall) {
+	rdb := b.r.rdb
 	if len(batch) == 1 {
 		c := batch[0]
 		c.cmd = c.script.Run(ctx, rdb, c.keys, c.args...)
-		close(c.done)
 		return
 	}
 	pipe := rdb.Pipeline()
@@ -130,6 +211,16 @@ func (b *batcher) send(batch []*batchCall) {
 			// A Redis that lost its scripts: Run sends the script itself.
 			c.cmd = c.script.Run(ctx, rdb, c.keys, c.args...)
 		}
-		close(c.done)
 	}
+}
+
+// earliest is the first deadline of batch's calls.
+func earliest(batch []*batchCall) time.Time {
+	first := batch[0].deadline
+	for _, c := range batch[1:] {
+		if c.deadline.Before(first) {
+			first = c.deadline
+		}
+	}
+	return first
 }

@@ -59,10 +59,11 @@ func (r *remote) degradedAt(rkey string) bool {
 
 // degrade marks shard unusable until a probe finds it answering. Group.degraded, down and
 // probing change under one lock: a failure while a probe ends leaves one running.
+// Its calls queued or sent in a shared pipeline end at once (ADR 0063).
 func (r *remote) degrade(shard string, cause error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.down[shard] {
+		r.mu.Unlock()
 		return
 	}
 	r.down[shard] = true
@@ -71,11 +72,12 @@ func (r *remote) degrade(shard string, cause error) {
 		r.g.degraded.Store(true)
 		r.g.observe(Event{Kind: EventDegraded, Op: shard, Err: cause})
 	}
-	if r.probing || !r.g.counted() {
-		return
+	if !r.probing && r.g.counted() {
+		r.probing = true
+		go r.probe()
 	}
-	r.probing = true
-	go r.probe()
+	r.mu.Unlock()
+	r.batch.shed(shard)
 }
 
 // probe checks the shards that are down every 250 ms until none is.
@@ -191,7 +193,14 @@ func (r *remote) awaitVerdict(ctx context.Context, key string) {
 	if r.suspects.Load() == 0 {
 		return
 	}
-	s := r.shard(key)
+	r.awaitShard(ctx, r.shard(key))
+}
+
+// awaitShard is awaitVerdict for shard s.
+func (r *remote) awaitShard(ctx context.Context, s string) {
+	if r.suspects.Load() == 0 {
+		return
+	}
 	t := time.NewTimer(r.g.opts.RedisTimeout / 2)
 	defer t.Stop()
 	for {
@@ -215,6 +224,12 @@ func (r *remote) awaitVerdict(ctx context.Context, key string) {
 // a connection of its own within half a deadline: an operation that timed out may have waited
 // for a pooled connection of a busy process, not on a Redis that hangs (ADR 0056).
 func (r *remote) confirm(rkey string, cause error) {
+	r.confirmBy(rkey, cause, time.Now().Add(r.g.opts.RedisTimeout/2))
+}
+
+// confirmBy is confirm with a PING that ends by deadline, at most half a deadline from now:
+// the verdict on a watched operation is in by the operation's own deadline (ADR 0056).
+func (r *remote) confirmBy(rkey string, cause error, deadline time.Time) {
 	shard := r.shardOf(rkey)
 	r.mu.Lock()
 	if r.down[shard] || r.suspect[shard] || !r.g.counted() { // counted: the PING's goroutine
@@ -226,7 +241,7 @@ func (r *remote) confirm(rkey string, cause error) {
 	r.mu.Unlock()
 	go func() {
 		defer r.g.wg.Done()
-		err := r.pingAlone(rkey)
+		err := r.pingAlone(rkey, deadline)
 		answers := err == nil
 		if !answers {
 			r.degrade(shard, cause)
@@ -251,10 +266,13 @@ func (r *remote) confirm(rkey string, cause error) {
 }
 
 // pingAlone sends a PING to the server that holds rkey, on a connection dialled for it,
-// and says why it did not answer within half a deadline (nil: it did). Any reply counts,
-// a refusal included.
-func (r *remote) pingAlone(rkey string) error {
-	ctx, cancel := context.WithTimeout(r.g.ctx, r.g.opts.RedisTimeout/2)
+// and says why it did not answer by deadline, or within half a deadline (nil: it did). Any
+// reply counts, a refusal included.
+func (r *remote) pingAlone(rkey string, deadline time.Time) error {
+	if half := time.Now().Add(r.g.opts.RedisTimeout / 2); half.Before(deadline) {
+		deadline = half
+	}
+	ctx, cancel := context.WithDeadline(r.g.ctx, deadline)
 	defer cancel()
 	var c *redis.Client
 	switch rdb := r.rdb.(type) {
@@ -274,7 +292,6 @@ func (r *remote) pingAlone(rkey string) error {
 		return err
 	}
 	defer conn.Close()
-	deadline, _ := ctx.Deadline()
 	_ = conn.SetDeadline(deadline)
 	if _, err := conn.Write([]byte("*1\r\n$4\r\nPING\r\n")); err != nil {
 		return err

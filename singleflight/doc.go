@@ -194,7 +194,7 @@
 //   - internal/wake (the connection, its watches, alive state; wake.go wires it): pub/sub wake-ups;
 //     park.go: waiting without a goroutine.
 //   - owner.go, remote_owner.go, writer.go, renewer.go: owning an attempt.
-//   - decision.go: typed replies of lua/*.lua; batch.go: group commit (ADR 0016).
+//   - decision.go: typed replies of lua/*.lua; batch.go: group commit, per shard (ADRs 0016, 0063).
 //   - abandon.go: who still waits, and the cut of a call nobody waits for (ADR 0074).
 //   - degrade.go, refusal.go, check.go: a failing Redis; answered.go: the landing gate;
 //     purge.go: purges; cache.go (the Group's cache), lru.go (its LRU): answers kept in memory (ADR 0028).

@@ -39,6 +39,7 @@ type hooks struct {
 	afterEntries func()                    // a follower applied one read's entries, before its next read
 	beforeClaim  func()                    // a contender is about to run claim.lua
 	aliveHeard   func()                    // the hub heard an alive message (on its receiving goroutine)
+	subscribed   func([]string, error)     // the hub sent a SUBSCRIBE of these channels
 	resumed      func()                    // a parked follower was woken
 	completed    func()                    // an owner's final write returned, before its flight ends here
 	leadStarted  func()                    // a flight's lead goroutine started; its first caller is not counted yet (g.mu held)
@@ -153,17 +154,25 @@ var noCancel context.CancelCauseFunc = func(error) {}
 // leave is called when a reader closes. A flight whose last caller leaves ends, unless
 // owned here: then it may be cut once nobody waits anywhere (ADR 0074).
 func (g *Group) leave(f *flight, starter, delivered bool) {
+	g.stopWaiting(f, func() {
+		f.readers--
+		if !delivered {
+			f.unserved--
+		}
+		if starter {
+			f.starterOpen = false
+		}
+	})
+}
+
+// stopWaiting applies a caller's leaving (gone, with f.mu held); a flight nobody waits for
+// ends unless owned here, and an owned one starts its idle spell.
+func (g *Group) stopWaiting(f *flight, gone func()) {
 	defer g.emitIdle(f)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	f.mu.Lock()
-	f.readers--
-	if !delivered {
-		f.unserved--
-	}
-	if starter {
-		f.starterOpen = false
-	}
+	gone()
 	idle := f.waiting() == 0 && !f.owning && !f.ended
 	g.updateIdle(f)
 	f.mu.Unlock()

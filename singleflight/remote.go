@@ -207,7 +207,14 @@ var errSlow = errors.New("singleflight: Redis did not answer within half a deadl
 // it has not ended at half its deadline, that server is suspected, and a PING confirms
 // the hang by the time the operation times out (ADR 0056).
 func (r *remote) watchedOp(ctx context.Context, rkey string) (context.Context, context.CancelFunc) {
-	ctx, cancel := r.opContext(ctx)
-	t := time.AfterFunc(r.g.opts.RedisTimeout/2, func() { r.confirm(rkey, errSlow) })
+	return r.watchedUntil(ctx, rkey, time.Now().Add(r.g.opts.RedisTimeout))
+}
+
+// watchedUntil is watchedOp for an operation that ends at deadline: its server is
+// suspected half a RedisTimeout before it, and the PING's verdict is in by it, never after
+// (ADR 0056).
+func (r *remote) watchedUntil(ctx context.Context, rkey string, deadline time.Time) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	t := time.AfterFunc(time.Until(deadline)-r.g.opts.RedisTimeout/2, func() { r.confirmBy(rkey, errSlow, deadline) })
 	return ctx, func() { t.Stop(); cancel() }
 }

@@ -195,7 +195,7 @@ func (o *remoteOwnership) complete(ctx context.Context, fin final) error {
 		})
 	}
 	return o.final(ctx, "complete", func(ctx context.Context) (int64, error) {
-		ctx, cancel := context.WithTimeout(ctx, opts.RedisTimeout+time.Duration(size)*time.Second/writeRate)
+		ctx, cancel := o.r.watchedUntil(ctx, o.k.meta, time.Now().Add(opts.RedisTimeout+time.Duration(size)*time.Second/writeRate))
 		defer cancel()
 		return completeScript.Run(ctx, o.r.rdb, keys, args...).Int64()
 	})
@@ -226,8 +226,12 @@ func (o *remoteOwnership) final(ctx context.Context, op string, write func(conte
 }
 
 func (o *remoteOwnership) try() error {
-	if o.r.unusable(o.key) {
+	switch {
+	case o.r.degradedFor(o.key):
 		o.raw, o.ferr = errShardDown, errShardDown
+		return o.ferr
+	case o.r.suspected(o.key): // not sent; again waits for the verdict (ADR 0056)
+		o.raw, o.ferr = errSlow, errSlow
 		return o.ferr
 	}
 	v, err := o.write(o.wctx)
@@ -249,15 +253,17 @@ func (o *remoteOwnership) goesOn() bool { return o.retries(time.Now().Add(o.leas
 
 // retries reports whether the final write is to be made again: Redis did not answer, and
 // either the lease, as it stood when the retries began, runs (ADR 0024), or the flight's
-// shard is degraded (or was, at the last try) and Redis may still hold the running meta:
-// Linger past that lease (runningTTL). Past the lease another owner may have claimed the flight: the token
-// decides, and restore.lua puts nothing back (ADR 0060).
+// shard is degraded (or was, at the last try) or suspected, and Redis may still hold the
+// running meta: Linger past that lease (runningTTL). A suspicion counts as the verdict it
+// may become: no write is dropped for a PING not answered yet; again waits for it. Past
+// the lease another owner may have claimed the flight: the token decides, and restore.lua
+// puts nothing back (ADRs 0056, 0060).
 func (o *remoteOwnership) retries(leaseEnd time.Time) bool {
 	if o.raw == nil || !unavailable(o.raw) || o.leaseFrom.Load() == 0 || o.r.g.ctx.Err() != nil {
 		return false
 	}
 	now := time.Now()
-	down := errors.Is(o.raw, errShardDown) || o.r.degradedFor(o.key)
+	down := errors.Is(o.raw, errShardDown) || o.r.unusable(o.key)
 	return now.Before(leaseEnd) || down && now.Before(leaseEnd.Add(o.r.g.opts.Linger))
 }
 
@@ -266,8 +272,11 @@ func (o *remoteOwnership) retries(leaseEnd time.Time) bool {
 // does not extend the retries (ADRs 0056, 0060).
 func (o *remoteOwnership) again(ctx context.Context) error {
 	leaseEnd := time.Now().Add(o.leaseLeft())
-	for o.retries(leaseEnd) && sleep(ctx, pollEvery) {
+	for {
+		o.r.awaitVerdict(ctx, o.key)
+		if !o.retries(leaseEnd) || !sleep(ctx, pollEvery) {
+			return o.ferr
+		}
 		o.try()
 	}
-	return o.ferr
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -594,5 +595,57 @@ func TestLateFinalWriteDoesNotRestoreALostFlight(t *testing.T) {
 	}, 10*time.Second)
 	if n := srv.Client().Exists(context.Background(), k.meta, k.stream, k.result).Val(); n != 0 {
 		t.Fatalf("%d of the flight's keys exist after the late write; want none: a lost flight is not put back past its lease", n)
+	}
+}
+
+// A final write sent while Redis hangs for its instance, with no other command out to
+// suspect the shard, that times out after its lease ran out: the shard's verdict is in by
+// the write's deadline, so the write goes on while the shard is degraded, and the answer is
+// stored once Redis answers, though the timed-out command itself never gets there (its
+// connection is cut, as a load balancer or conntrack would). A final write of 1 MiB or more,
+// which goes alone, is watched the same way (ADRs 0056, 0060).
+func TestFinalWriteTimingOutPastItsLeaseGoesOn(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		size int
+	}{{"shared pipeline", 0}, {"large write alone", largeWrite}} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			a, link, confirmed := behindLink(t, srv, outageOpts)
+			t.Cleanup(deadOwner(a)) // no renewal: the lease runs out a lease after the claim
+			key, body := uniqueKey(), "call 1"+strings.Repeat(" ", tc.size)
+			rp := newReply(body)
+			running := make(chan struct{}, 1)
+			ra, err := a.Do(key, false, started(running, rp.fn))
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-running
+			// The claim was sent before the call began: the lease ends within half a deadline
+			// of the write being sent, while the write waits for Redis.
+			time.Sleep(outageOpts.LeaseTTL - outageOpts.RedisTimeout/2)
+			link.Set(faultproxy.Fault{Mode: faultproxy.Hang})
+			rp.release()
+			if out := readWithin(ra, 2*outageOpts.RedisTimeout+time.Second); out.err != nil || out.body != body {
+				t.Fatalf("owner got (%.20q, %v); want its answer within the write's deadline", out.body, out.err)
+			}
+			select {
+			case answers := <-confirmed:
+				if answers {
+					t.Fatal("the confirmation PING was answered; want Redis hanging")
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("no confirmation PING ended within 5s")
+			}
+			link.Set(faultproxy.Fault{Mode: faultproxy.Cut}) // the held write is lost with its connection
+			link.Set(faultproxy.Fault{})
+			k := a.rem().keys(key)
+			waitCond(t, 10*time.Second, "the answer stored once Redis answers", func() bool {
+				return srv.Client().HGet(context.Background(), k.result, "body").Val() == body
+			})
+			if n := rp.calls.Load(); n != 1 {
+				t.Fatalf("%d upstream calls; want 1", n)
+			}
+		})
 	}
 }
