@@ -249,7 +249,7 @@ func (r *remote) confirmBy(rkey string, cause error, deadline time.Time) {
 				r.mu.Lock()
 				r.hung[shard] = r.down[shard]
 				r.mu.Unlock()
-				r.wake.all(func(*watch) {}) // its followers take their flights over
+				r.wake.WakeAll() // its followers take their flights over
 			}
 			r.reloadLayout()
 		}

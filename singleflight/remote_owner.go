@@ -15,6 +15,10 @@ var errStreamFull = errors.New("singleflight: stream full")
 
 // remoteOwnership is one owned attempt in Redis: every write is fenced by token, and
 // carries what restore.lua needs (ADR 0010).
+//
+// Who touches what: the fields up to attempt are fixed when it is made; the atomics are
+// shared with the renewer and cutDue; op, write, wctx, raw and ferr are written by own's
+// goroutine (final, try) before goOn starts, and read only by goOn after.
 type remoteOwnership struct {
 	r       *remote
 	f       *flight

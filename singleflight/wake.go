@@ -38,7 +38,3 @@ func newWakeHub(r *remote) *wakeHub {
 		},
 	})}
 }
-
-// all wakes every watcher: degrade.go's name for WakeAll, kept until that file is next
-// edited; the argument it passes is a no-op.
-func (h *wakeHub) all(func(*watch)) { h.WakeAll() }
