@@ -135,7 +135,8 @@
 //     (ownership.again) after the caller was answered, then ends the attempt.
 //   - A Writer's flush loop (writer.go flushLoop): started by a remote owner's first Write;
 //     it shares the Writer's buffers under Writer.mu.
-//   - The batcher's senders (batch.go): send queued lookups and completes in pipelines.
+//   - The batcher's senders (batch.go sendNext): send a shard's queued lookups and completes
+//     in pipelines, at most maxPipelines per shard; they touch the queues under batcher.mu.
 //   - The idle timer's cutDue (abandon.go): started when nobody waits for an attempt owned
 //     here; after AbandonGrace it asks ownership.cut and cancels the attempt with
 //     ErrAbandoned. An Inline caller's context end runs callerGone (group.go).
