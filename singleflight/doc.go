@@ -154,7 +154,8 @@
 //
 // walkthroughs.md follows three cases through the code, step by step, with the tests
 // that hold each: an owner dies mid-stream; Redis hangs under an owner; a stale owner
-// wakes.
+// wakes. It also lists every way a follower calls the upstream itself, and where an
+// answer is stored and how another instance finds it.
 //
 // # Glossary
 //
