@@ -14,12 +14,12 @@
 //   - hit: a stored result (Options.ResultTTL) serves every local caller;
 //   - follow: another instance owns the call; the leader reads its stream into the local
 //     log, parked while nothing comes (ADR 0015);
-//   - claim: this process becomes the owner and runs the leader's function.
+//   - claim: this process becomes the owner and runs the starter's function.
 //
 // Every local caller has a Reader over the flight's broadcast log, read from its own
-// position; a caller that leaves does not disturb the others. The first caller's Reader
-// reports RoleOwner when its process ran the call, the others RoleFollower; all report
-// RoleHit for a stored result.
+// position; a caller that leaves does not disturb the others. The starter's Reader (the
+// first caller's) reports RoleOwner when its process ran the call, the others
+// RoleFollower; all report RoleHit for a stored result.
 //
 // # Redis keys
 //
