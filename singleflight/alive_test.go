@@ -134,7 +134,8 @@ func TestAliveDoesNotHideAFlightWhoseCompleteFailed(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("f did not follow a within 3s")
 	}
-	time.Sleep(100 * time.Millisecond) // f has subscribed
+	stream := f.rem().keys(key).stream // its channel has the stream's name
+	waitCond(t, 5*time.Second, "f's subscription confirmed", func() bool { return f.rem().wake.UnconfirmedSince(stream).IsZero() })
 	ctx := context.Background()
 	rdb := srv.Client()
 	if err := rdb.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {

@@ -39,7 +39,6 @@ type hooks struct {
 	afterEntries func()                    // a follower applied one read's entries, before its next read
 	beforeClaim  func()                    // a contender is about to run claim.lua
 	aliveHeard   func()                    // the hub heard an alive message (on its receiving goroutine)
-	subscribed   func([]string, error)     // the hub sent a SUBSCRIBE of these channels
 	resumed      func()                    // a parked follower was woken
 	completed    func()                    // an owner's final write returned, before its flight ends here
 	leadStarted  func()                    // a flight's lead goroutine started; its first caller is not counted yet (g.mu held)
