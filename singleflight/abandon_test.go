@@ -64,15 +64,7 @@ func (c *longCall) notCut(t *testing.T) {
 }
 
 func abandonEvents(rec *recorder, reason string) int {
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	n := 0
-	for _, e := range rec.events {
-		if e.Kind == EventAbandoned && e.Reason == reason {
-			n++
-		}
-	}
-	return n
+	return rec.countWhere(func(e Event) bool { return e.Kind == EventAbandoned && e.Reason == reason })
 }
 
 func TestCallNobodyWaitsForIsCut(t *testing.T) {

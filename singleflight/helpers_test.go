@@ -133,11 +133,16 @@ func (r *recorder) Observe(e Event) {
 }
 
 func (r *recorder) count(k EventKind) int {
+	return r.countWhere(func(e Event) bool { return e.Kind == k })
+}
+
+// countWhere counts the events observed that match accepts.
+func (r *recorder) countWhere(match func(Event) bool) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0
 	for _, e := range r.events {
-		if e.Kind == k {
+		if match(e) {
 			n++
 		}
 	}

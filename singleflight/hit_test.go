@@ -93,15 +93,7 @@ func TestStoredResultAfterFlightInProgress(t *testing.T) {
 }
 
 func roleEvents(r *recorder, role Role) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, e := range r.events {
-		if e.Kind == EventRole && e.Role == role {
-			n++
-		}
-	}
-	return n
+	return r.countWhere(func(e Event) bool { return e.Kind == EventRole && e.Role == role })
 }
 
 // TestAnnotateOncePerStoredAnswer: Options.Annotate runs once for an answer kept in the
