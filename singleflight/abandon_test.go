@@ -63,6 +63,15 @@ func (c *longCall) notCut(t *testing.T) {
 	}
 }
 
+// waitRounds waits until g's renewer has begun n more rounds: renewals that would have cut
+// a flight nobody waits for have been made.
+func waitRounds(t *testing.T, g *Group, n int64) {
+	t.Helper()
+	rn := g.coord.(*remote).renewer
+	from := rn.round.Load()
+	waitCond(t, 5*time.Second, fmt.Sprintf("%d renewal rounds", n), func() bool { return rn.round.Load() >= from+n })
+}
+
 func abandonEvents(rec *recorder, reason string) int {
 	return rec.countWhere(func(e Event) bool { return e.Kind == EventAbandoned && e.Reason == reason })
 }
@@ -141,8 +150,7 @@ func TestFinishKeepsACallNobodyWaitsFor(t *testing.T) {
 			r.Close()
 			if b.redis != nil {
 				// Renewals that would cut it, were it not to finish.
-				rounds := g.coord.(*remote).renewer.round.Load()
-				waitCond(t, 5*time.Second, "three renewal rounds", func() bool { return g.coord.(*remote).renewer.round.Load() >= rounds+3 })
+				waitRounds(t, g, 3)
 			} else {
 				time.Sleep(50 * time.Millisecond) // fifty graces: nothing to wait on when nothing is to happen
 			}
@@ -198,9 +206,7 @@ func TestFollowerElsewhereKeepsTheCallUntilItLeaves(t *testing.T) {
 	follower := firstChunk(t, b, key, c.fn)
 	owner.Close()
 	// The owner's renewals ask for a cut every round; the follower elsewhere refuses it.
-	rn := a.coord.(*remote).renewer
-	rounds := rn.round.Load()
-	waitCond(t, 5*time.Second, "five renewal rounds", func() bool { return rn.round.Load() >= rounds+5 })
+	waitRounds(t, a, 5)
 	c.notCut(t)
 
 	follower.Close()
@@ -231,9 +237,7 @@ func TestFollowerElsewhereGetsTheWholeAnswerOfAnAbandonedOwner(t *testing.T) {
 	}
 	waitCond(t, 5*time.Second, "b follows", func() bool { return b.flightRole(key) == RoleFollower })
 	owner.Close()
-	rn := a.coord.(*remote).renewer
-	rounds := rn.round.Load()
-	waitCond(t, 5*time.Second, "three renewal rounds", func() bool { return rn.round.Load() >= rounds+3 })
+	waitRounds(t, a, 3)
 	close(c.release)
 	got := readAll(context.Background(), follower)
 	if got.err != nil || got.body != c.whole(1) || got.role != RoleFollower {
@@ -356,9 +360,7 @@ func TestFlightsListCallersPerInstance(t *testing.T) {
 	defer owner.Close()
 	follower := firstChunk(t, b, key, c.fn)
 	defer follower.Close()
-	rn := a.coord.(*remote).renewer
-	rounds := rn.round.Load()
-	waitCond(t, 5*time.Second, "a renewal round", func() bool { return rn.round.Load() >= rounds+2 })
+	waitRounds(t, a, 2)
 	list, _, err := b.Flights(context.Background(), 0)
 	if err != nil || len(list) != 1 {
 		t.Fatalf("flights: %+v %v; want one", list, err)
@@ -390,9 +392,7 @@ func TestUnwaitOfAnOlderFlightLeavesANewerMark(t *testing.T) {
 	firstChunk(t, b, key, c.fn).Close()
 	second := <-seconds
 	<-unwaited
-	rn := a.coord.(*remote).renewer
-	rounds := rn.round.Load()
-	waitCond(t, 5*time.Second, "five renewal rounds", func() bool { return rn.round.Load() >= rounds+5 })
+	waitRounds(t, a, 5)
 	c.notCut(t)
 	close(c.release)
 	got := readAll(context.Background(), second)
@@ -423,9 +423,7 @@ func TestFinishAskedElsewhereOutlastsItsCaller(t *testing.T) {
 	r.Close()
 	<-unwaited
 	owner.Close()
-	rn := a.coord.(*remote).renewer
-	rounds := rn.round.Load()
-	waitCond(t, 5*time.Second, "five renewal rounds", func() bool { return rn.round.Load() >= rounds+5 })
+	waitRounds(t, a, 5)
 	c.notCut(t)
 	close(c.release)
 	waitCond(t, 5*time.Second, "the answer stored", func() bool { return storedIn(a, key) })
@@ -453,9 +451,7 @@ func TestRestoredFlightIsNotCutUnderItsFollowers(t *testing.T) {
 	if err := r.rdb.Del(context.Background(), r.keys(key).meta).Err(); err != nil {
 		t.Fatal(err)
 	}
-	rn := r.renewer
-	rounds := rn.round.Load()
-	waitCond(t, 5*time.Second, "three renewal rounds", func() bool { return rn.round.Load() >= rounds+3 })
+	waitRounds(t, a, 3)
 	c.notCut(t)
 	close(c.release)
 	got := readAll(context.Background(), follower) // its first chunk was read
@@ -521,9 +517,7 @@ func TestTwoLocalFlightsOfAKeyEachUnmark(t *testing.T) {
 	}
 	x.Close()
 	owner.Close()
-	rn := a.coord.(*remote).renewer
-	rounds := rn.round.Load()
-	waitCond(t, 5*time.Second, "three renewal rounds", func() bool { return rn.round.Load() >= rounds+3 })
+	waitRounds(t, a, 3)
 	c.notCut(t) // y waits
 	y.Close()
 	c.waitCut(t)
