@@ -115,17 +115,24 @@ func TestAbandonedUnaryIsCut(t *testing.T) {
 	withinCut(t, "unary", cutOf(t, c), left, abandonGrace+100*time.Millisecond)
 }
 
-// The owner's client leaves while a follower elsewhere stays: the call goes on, and the
-// follower gets all of it.
-func TestAbandonedOwnerGoesOnForAFollowerElsewhere(t *testing.T) {
-	c := abandonCluster(t, 3, nil)
-	c.fake.set(fakeupstream.Behavior{Chunks: 10, Delay: 100 * time.Millisecond})
-	body := streamBody("e2e-abandon-follower", "stay elsewhere")
+// ownerLeavesAFollower streams body on the first instance, then on the second, and has the
+// first one's client leave once both have an event: the follower elsewhere stays.
+func ownerLeavesAFollower(t *testing.T, c *cluster, body string) *sseClient {
+	t.Helper()
 	owner := openSSE(c.ins[0].URL, body, apiKeyA)
 	owner.waitEvents(t, "owner's client", 1)
 	follower := openSSE(c.ins[1].URL, body, apiKeyA)
 	follower.waitEvents(t, "follower", 1)
 	owner.leave()
+	return follower
+}
+
+// The owner's client leaves while a follower elsewhere stays: the call goes on, and the
+// follower gets all of it.
+func TestAbandonedOwnerGoesOnForAFollowerElsewhere(t *testing.T) {
+	c := abandonCluster(t, 3, nil)
+	c.fake.set(fakeupstream.Behavior{Chunks: 10, Delay: 100 * time.Millisecond})
+	follower := ownerLeavesAFollower(t, c, streamBody("e2e-abandon-follower", "stay elsewhere"))
 	r := follower.result()
 	want := fakeupstream.Transcript(chatPath, 1, "e2e-abandon-follower", 10, true)
 	if r.err != nil || r.role() != "follower" || r.transcript != want {
@@ -141,12 +148,7 @@ func TestAbandonedOwnerGoesOnForAFollowerElsewhere(t *testing.T) {
 func TestAbandonedByEveryInstanceIsCut(t *testing.T) {
 	c := abandonCluster(t, 3, nil)
 	c.fake.set(slowStream)
-	body := streamBody("e2e-abandon-all", "everyone leaves")
-	owner := openSSE(c.ins[0].URL, body, apiKeyA)
-	owner.waitEvents(t, "owner's client", 1)
-	follower := openSSE(c.ins[1].URL, body, apiKeyA)
-	follower.waitEvents(t, "follower", 2)
-	owner.leave()
+	follower := ownerLeavesAFollower(t, c, streamBody("e2e-abandon-all", "everyone leaves"))
 	follower.waitEvents(t, "follower", 4) // the owner, alone elsewhere, goes on
 	if s := c.fake.stats(); s.Abandoned != 0 {
 		t.Fatalf("upstream %+v while a follower waits; want no cut", s)
