@@ -8,13 +8,14 @@ import (
 )
 
 // An owned call nobody waits for is cut (ADR 0074). Here, a caller waits from DoWith until
-// it closes its Reader or its CallOptions.Context ends. Elsewhere, an instance that follows
-// the flight marks it in the meta, one mark per local flight (lookup.lua, claim.lua), and
-// takes the mark off once that flight's lead ended without the answer (unwait.lua). Once no caller has waited here for AbandonGrace, the
-// owner asks Redis to cut the flight; renew.lua does so, atomically, only when no other
-// instance's mark stands, none asked that the call finish and the last left a grace ago,
-// and it is asked again with every renewal. A cut ends the flight in Redis (state A), so
-// that the next caller, anywhere, starts a new call at once, then cancels the call.
+// it closes its Reader or its CallOptions.Context ends. Elsewhere, each local flight that
+// follows marks the flight in its meta (lookup.lua, claim.lua) and takes the mark off once
+// its lead ended without the answer (unwait.lua). Once no caller has waited here for
+// AbandonGrace, the owner asks Redis to cut the flight; renew.lua does so, atomically, only
+// when no other flight's mark stands, none asked that the call finish and the last left a
+// grace ago, and it is asked again with every renewal. A cut ends the flight in Redis
+// (state A), so that the next caller, anywhere, starts a new call at once, then cancels
+// the call.
 //
 // Invariant: a call is cut only when Redis (or, without Redis, this process) saw no caller
 // waiting for it at that instant; a flight whose shard cannot be asked is never cut.

@@ -25,7 +25,7 @@ type Group struct {
 	closed    bool
 
 	degraded atomic.Bool
-	seq      atomic.Uint64 // numbers local flights: an instance's mark in Redis names its flight
+	seq      atomic.Uint64 // numbers local flights: each follow's mark in Redis names its flight
 	hooks    hooks
 	inv      invalidation // purges and namespace generations; see purge.go
 }
@@ -45,7 +45,7 @@ type hooks struct {
 	probed       func()                    // the probe of a degraded Redis asked it once
 	confirmed    func(answers bool)        // a timeout's confirmation PING ended (see confirm)
 	cutAsked     func(cut bool)            // an idle spell's grace ran out and the coordinator answered, before the call is cut
-	unwaiting    func(sent bool)           // a followed flight's callers all left: before its instance's mark is taken off, and after
+	unwaiting    func(sent bool)           // a lead that may have marked ended without the answer: before its mark is taken off, and after
 	lookingUp    func()                    // a leader is about to look its flight up in Redis
 }
 
