@@ -109,11 +109,9 @@ func behindLink(t *testing.T, srv *redistest.Server, o Options) (g *Group, link 
 	return g, link, ch
 }
 
-// findsHanging has g confirm a timeout on key's shard, as a caller's operation would, and
-// waits until the PING that did not answer degraded it.
-func findsHanging(t *testing.T, g *Group, key string, confirmed <-chan bool) {
+// pingUnanswered waits for the end of a confirmation PING, which must have gone unanswered.
+func pingUnanswered(t *testing.T, confirmed <-chan bool) {
 	t.Helper()
-	g.rem().confirm(g.rem().keys(key).meta, context.DeadlineExceeded)
 	select {
 	case answers := <-confirmed:
 		if answers {
@@ -122,6 +120,14 @@ func findsHanging(t *testing.T, g *Group, key string, confirmed <-chan bool) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no confirmation PING ended within 5s")
 	}
+}
+
+// findsHanging has g confirm a timeout on key's shard, as a caller's operation would, and
+// waits until the PING that did not answer degraded it.
+func findsHanging(t *testing.T, g *Group, key string, confirmed <-chan bool) {
+	t.Helper()
+	g.rem().confirm(g.rem().keys(key).meta, context.DeadlineExceeded)
+	pingUnanswered(t, confirmed)
 	if !g.rem().hangingFor(key) {
 		t.Fatal("the shard is not marked hanging")
 	}
