@@ -1,6 +1,7 @@
 package singleflight
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -407,6 +408,19 @@ func (g *Group) flightRole(key string) Role {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.role
+}
+
+// flightBytes is what key's local flight holds of its current generation's body.
+func (g *Group) flightBytes(key string) string {
+	g.mu.Lock()
+	f := g.flights[key]
+	g.mu.Unlock()
+	if f == nil {
+		return ""
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return string(bytes.Join(f.chunks, nil))
 }
 
 // storeOne runs one flight of key on g with an answer that is stored, and returns it.
