@@ -469,10 +469,7 @@ func TestMarksOfAFailedFlightDoNotKeepTheNext(t *testing.T) {
 	a, b := srv.group(t, o), srv.group(t, o)
 	key := uniqueKey()
 	gate := make(chan struct{})
-	failing := func(ctx context.Context, w *Writer) (Result, error) {
-		<-gate
-		return Result{Outcome: Retry, Head: Head{Status: 500}}, nil
-	}
+	failing := failsAt(gate)
 	ra := mustDo(t, a, key, failing)
 	waitCond(t, 5*time.Second, "a owns", func() bool { return a.flightRole(key) == RoleOwner })
 	rb := mustDo(t, b, key, failing)
@@ -538,6 +535,47 @@ func TestCallKeptAtTheCutIsCutWhenItsCallerLeaves(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.Close() // the call is for nobody again
+	c.waitCut(t)
+	close(c.release)
+}
+
+// failsAt is an owner function whose call fails with a 500 once gate is closed.
+func failsAt(gate <-chan struct{}) Func {
+	return func(ctx context.Context, w *Writer) (Result, error) {
+		<-gate
+		return Result{Outcome: Retry, Head: Head{Status: 500}}, nil
+	}
+}
+
+// A follower that took its flight over keeps the mark it left while it followed: that mark
+// is its own, not a caller elsewhere's, and once its callers all left the call is cut a
+// grace later.
+func TestOwnMarkFromFollowingDoesNotKeepTheCall(t *testing.T) {
+	a, b, _ := twoInstances(t, 20*time.Millisecond, false)
+	key := uniqueKey()
+	gate := make(chan struct{})
+	ra := mustDo(t, a, key, failsAt(gate))
+	waitCond(t, 5*time.Second, "a owns", func() bool { return a.flightRole(key) == RoleOwner })
+	c := newLongCall()
+	rb := mustDo(t, b, key, c.fn)
+	waitCond(t, 5*time.Second, "b follows", func() bool { return b.flightRole(key) == RoleFollower })
+	close(gate) // a's call fails: b takes over
+	if got := readAll(context.Background(), ra); got.head.Status != 500 {
+		t.Fatalf("a's caller: %d %v; want its own call's 500", got.head.Status, got.err)
+	}
+	if _, err := rb.Next(context.Background()); err != nil {
+		t.Fatalf("b's caller: %v; want the first chunk of b's call", err)
+	}
+	if c.calls.Load() != 1 || b.flightRole(key) != RoleOwner {
+		t.Fatalf("b %v with %d calls; want owner of the one call", b.flightRole(key), c.calls.Load())
+	}
+	b.mu.Lock()
+	mark := "w:" + b.rem().markOf(b.flights[key])
+	b.mu.Unlock()
+	if ok, err := b.rem().rdb.HExists(context.Background(), b.rem().keys(key).meta, mark).Result(); !ok || err != nil {
+		t.Fatalf("b's mark %s in the meta: %v %v; want it there, left from following", mark, ok, err)
+	}
+	rb.Close()
 	c.waitCut(t)
 	close(c.release)
 }
