@@ -132,12 +132,21 @@ func TestCallerBackWithinGraceGetsTheWholeCall(t *testing.T) {
 	}
 }
 
+// A call asked to finish runs to its end, its caller gone: it is not cut here nor in Redis,
+// and its answer is stored for every instance.
 func TestFinishKeepsACallNobodyWaitsFor(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			rec := newRecorder()
-			g := b.group(t, Options{AbandonGrace: time.Millisecond, HeartbeatInterval: 20 * time.Millisecond,
-				LeaseTTL: time.Second, Observer: rec, ResultTTL: time.Minute})
+			o := Options{AbandonGrace: time.Millisecond, HeartbeatInterval: 20 * time.Millisecond,
+				LeaseTTL: time.Second, ResultTTL: time.Minute}
+			og := o
+			og.Observer = rec
+			g := b.group(t, og)
+			other := g // an instance that has no copy of its own
+			if b.redis != nil {
+				other = b.group(t, o)
+			}
 			c := newLongCall()
 			key := uniqueKey()
 			r, err := g.DoWith(key, CallOptions{Finish: true}, c.fn)
@@ -151,6 +160,9 @@ func TestFinishKeepsACallNobodyWaitsFor(t *testing.T) {
 			if b.redis != nil {
 				// Renewals that would cut it, were it not to finish.
 				waitRounds(t, g, 3)
+				if st := g.rem().rdb.HGet(context.Background(), g.rem().keys(key).meta, "state").Val(); st != "R" {
+					t.Fatalf("the flight's state in Redis is %q; want R, running", st)
+				}
 			} else {
 				time.Sleep(50 * time.Millisecond) // fifty graces: nothing to wait on when nothing is to happen
 			}
@@ -158,7 +170,7 @@ func TestFinishKeepsACallNobodyWaitsFor(t *testing.T) {
 			close(c.release)
 			rec.waitMatch(t, "a finished spell", func(e Event) bool { return e.Kind == EventAbandoned && e.Reason == abandonFinished }, 5*time.Second)
 			rec.waitFor(t, EventFlightEnd, 1, 5*time.Second) // after its final write
-			got := storeOne(t, g, key, "unused")
+			got := storeOne(t, other, key, "unused")
 			if got.role != RoleHit || got.body != c.whole(1) {
 				t.Fatalf("after the finished call: %v %q; want a hit of it", got.role, got.body)
 			}
