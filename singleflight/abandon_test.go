@@ -266,13 +266,9 @@ func TestJoinElsewhereRacingTheCut(t *testing.T) {
 			a, b, _ := twoInstances(t, 20*time.Millisecond, true)
 			c := newLongCall()
 			key := uniqueKey()
-			var joined *Reader
+			j := newJoining()
 			join := func() {
-				var err error
-				if joined, err = b.Do(key, false, c.fn); err != nil {
-					t.Error(err)
-				}
-				waitCond(t, 5*time.Second, "b decides", func() bool { return b.flightRole(key) != RoleUnknown })
+				j.join(b, key, CallOptions{}, c.fn, "b decides", func() bool { return b.flightRole(key) != RoleUnknown })
 			}
 			asked := make(chan bool, 1)
 			a.hooks.cutAsked = func(cut bool) {
@@ -287,6 +283,7 @@ func TestJoinElsewhereRacingTheCut(t *testing.T) {
 			}
 			owner.Close()
 			cut := <-asked
+			joined := j.take(t)
 			if cut != (first == "cut") {
 				t.Fatalf("cut = %v; want %v", cut, first == "cut")
 			}
@@ -310,15 +307,15 @@ func TestJoinHereRacingTheCutKeepsTheCall(t *testing.T) {
 	a, _, _ := twoInstances(t, 20*time.Millisecond, true)
 	c := newLongCall()
 	key := uniqueKey()
-	joined := make(chan *Reader, 1)
+	j := newJoining()
 	a.hooks.cutAsked = func(cut bool) {
 		if !cut {
 			t.Error("Redis did not cut a flight nobody waited for")
 		}
-		joined <- mustDo(t, a, key, c.fn)
+		j.join(a, key, CallOptions{}, c.fn, "", nil)
 	}
 	firstChunk(t, a, key, c.fn).Close()
-	r := <-joined
+	r := j.take(t)
 	close(c.release)
 	got := readAll(context.Background(), r)
 	if got.err != nil || got.body != c.whole(1) || c.calls.Load() != 1 {
@@ -392,17 +389,16 @@ func TestUnwaitOfAnOlderFlightLeavesANewerMark(t *testing.T) {
 	c := newLongCall()
 	key := uniqueKey()
 	firstChunk(t, a, key, c.fn).Close() // nobody waits on the owner's instance
-	seconds, unwaited := make(chan *Reader, 1), make(chan struct{})
+	j, unwaited := newJoining(), make(chan struct{})
 	b.hooks.unwaiting = func(sent bool) {
 		if sent {
 			close(unwaited)
 			return
 		}
-		seconds <- mustDo(t, b, key, c.fn)
-		waitCond(t, 5*time.Second, "b's second flight follows", func() bool { return b.flightRole(key) == RoleFollower })
+		j.join(b, key, CallOptions{}, c.fn, "b's second flight follows", func() bool { return b.flightRole(key) == RoleFollower })
 	}
 	firstChunk(t, b, key, c.fn).Close()
-	second := <-seconds
+	second := j.take(t)
 	<-unwaited
 	waitRounds(t, a, 5)
 	c.notCut(t)
@@ -506,16 +502,12 @@ func TestTwoLocalFlightsOfAKeyEachUnmark(t *testing.T) {
 	c := newLongCall()
 	key := uniqueKey()
 	owner := firstChunk(t, a, key, c.fn)
-	second := make(chan *Reader, 1)
+	j := newJoining()
 	b.hooks.lookingUp = once(func() {
-		y, err := b.DoWith(key, CallOptions{NoCache: true}, c.fn) // the first flight's role is not known yet
-		if err != nil {
-			t.Error(err)
-		}
-		second <- y
+		j.join(b, key, CallOptions{NoCache: true}, c.fn, "", nil) // the first flight's role is not known yet
 	})
 	x := mustDo(t, b, key, c.fn)
-	y := <-second
+	y := j.take(t)
 	if x.f == y.f {
 		t.Fatal("the no-cache caller joined the first flight before its lookup")
 	}
@@ -538,11 +530,11 @@ func TestCallKeptAtTheCutIsCutWhenItsCallerLeaves(t *testing.T) {
 	a, _, _ := twoInstances(t, 20*time.Millisecond, true)
 	c := newLongCall()
 	key := uniqueKey()
-	joined := make(chan *Reader, 1)
-	join := once(func() { joined <- mustDo(t, a, key, c.fn) })
+	j := newJoining()
+	join := once(func() { j.join(a, key, CallOptions{}, c.fn, "", nil) })
 	a.hooks.cutAsked = func(bool) { join() }
 	firstChunk(t, a, key, c.fn).Close()
-	r := <-joined
+	r := j.take(t)
 	if _, err := r.Next(context.Background()); err != nil {
 		t.Fatal(err)
 	}
