@@ -137,6 +137,19 @@ func (r *recorder) count(k EventKind) int {
 	return r.countWhere(func(e Event) bool { return e.Kind == k })
 }
 
+// eventsOf returns the events of kind k observed so far.
+func (r *recorder) eventsOf(k EventKind) []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Event
+	for _, e := range r.events {
+		if e.Kind == k {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // countWhere counts the events observed that match accepts.
 func (r *recorder) countWhere(match func(Event) bool) int {
 	r.mu.Lock()
