@@ -10,17 +10,23 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
+// pausedPair is two instances on b's Redis, with a short lease: a's renewals are held
+// until revive (a paused owner), and recA records a's events.
+func pausedPair(t *testing.T, b backend) (a, other *Group, recA *recorder, revive func()) {
+	o := Options{LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, ResultTTL: time.Minute}
+	recA = newRecorder()
+	oa := o
+	oa.Observer = recA
+	a, other = b.group(t, oa), b.group(t, o)
+	return a, other, recA, deadOwner(a)
+}
+
 func TestPausedOwnerIsFenced(t *testing.T) {
 	srv := redistest.Start(t)
 	b := backend{name: "redis", redis: srv}
-	o := Options{LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, ResultTTL: time.Minute}
 	for _, mode := range []string{"renew refused", "complete refused"} {
 		t.Run(mode, func(t *testing.T) {
-			recA := newRecorder()
-			oa := o
-			oa.Observer = recA
-			a, bg := b.group(t, oa), b.group(t, o)
-			revive := deadOwner(a)
+			a, bg, recA, revive := pausedPair(t, b)
 			defer revive()
 			key := uniqueKey()
 
@@ -76,14 +82,7 @@ func TestPausedOwnerIsFenced(t *testing.T) {
 // flight runs under another token): it cancels its call with ErrLeaseLost, before its call
 // wrote anything, and its caller follows the new owner.
 func TestPausedOwnerCancelsOnItsRefusedRenewal(t *testing.T) {
-	srv := redistest.Start(t)
-	b := backend{name: "redis", redis: srv}
-	o := Options{LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, ResultTTL: time.Minute}
-	recA := newRecorder()
-	oa := o
-	oa.Observer = recA
-	a, other := b.group(t, oa), b.group(t, o)
-	revive := deadOwner(a)
+	a, other, recA, revive := pausedPair(t, backend{name: "redis", redis: redistest.Start(t)})
 	defer revive()
 	key := uniqueKey()
 
