@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -242,10 +243,11 @@ func TestHerdThatLeavesAtRandom(t *testing.T) {
 				lastLeft time.Time
 				wg       sync.WaitGroup
 			)
+			errs := make([]error, n) // each leaver's, reported here on the test's goroutine
 			for i, s := range clients[stay:] {
 				events := 1 + rand.IntN(12) // leave after 1 to 12 of the 22 events
 				wg.Go(func() {
-					s.waitEvents(t, fmt.Sprintf("client %d", stay+i), events)
+					errs[stay+i] = s.events(fmt.Sprintf("client %d", stay+i), events)
 					s.leave()
 					mu.Lock()
 					lastLeft = time.Now()
@@ -253,6 +255,9 @@ func TestHerdThatLeavesAtRandom(t *testing.T) {
 				})
 			}
 			wg.Wait()
+			if err := errors.Join(errs...); err != nil {
+				t.Fatal(err)
+			}
 			want := fakeupstream.Transcript(chatPath, 1, model, 20, true)
 			for i, s := range clients[:stay] {
 				if r := s.result(); r.err != nil || r.transcript != want {

@@ -106,6 +106,13 @@ func (s *sseClient) notify() {
 // first or after 10 s.
 func (s *sseClient) waitEvents(t testing.TB, who string, n int) {
 	t.Helper()
+	if err := s.events(who, n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// events is waitEvents for a goroutine other than the test's: it says why it gave up.
+func (s *sseClient) events(who string, n int) error {
 	timer := time.NewTimer(10 * time.Second)
 	defer timer.Stop()
 	for {
@@ -114,15 +121,15 @@ func (s *sseClient) waitEvents(t testing.TB, who string, n int) {
 		ended, r := isClosed(s.finished), s.res
 		s.mu.Unlock()
 		if got >= n {
-			return
+			return nil
 		}
 		if ended {
-			t.Fatalf("%s: answer ended after %d events; want %d first: %d %v %q", who, got, n, r.status, r.err, r.transcript)
+			return fmt.Errorf("%s: answer ended after %d events; want %d first: %d %v %q", who, got, n, r.status, r.err, r.transcript)
 		}
 		select {
 		case <-ch:
 		case <-timer.C:
-			t.Fatalf("%s: %d events in 10s; want %d", who, got, n)
+			return fmt.Errorf("%s: %d events in 10s; want %d", who, got, n)
 		}
 	}
 }

@@ -70,15 +70,15 @@ func transportFailure(ctx context.Context, err error) singleflight.Result {
 	return failure(http.StatusBadGateway, "upstream_unavailable", "the upstream API could not be reached")
 }
 
-// failBeforeBytes answers a request whose flight ended before any byte was sent.
+// failBeforeBytes answers a request whose flight ended before any byte was sent, with no
+// response to share. A call that ran out of time is not one of them: its attempt's answer
+// is transportFailure's 504, shared as any response.
 func (p *Proxy) failBeforeBytes(w http.ResponseWriter, ctx context.Context, err error) {
 	switch {
 	case ctx.Err() != nil:
 		// The client left; nobody reads an answer.
 	case errors.Is(err, singleflight.ErrShutdown):
 		writeError(w, http.StatusServiceUnavailable, "server_error", "shutting_down", "the proxy is shutting down; retry")
-	case errors.Is(err, singleflight.ErrTimeout):
-		writeError(w, http.StatusGatewayTimeout, "upstream_error", "upstream_timeout", "the upstream API did not answer in time")
 	default:
 		writeError(w, http.StatusBadGateway, "upstream_error", "upstream_failed", "the upstream API call failed on every attempt")
 	}

@@ -71,8 +71,8 @@ func TestTransportFailureSaysWhatEndedTheCall(t *testing.T) {
 
 // TestFailBeforeBytesSaysWhyTheFlightEnded: a request whose flight ended before any byte
 // was sent gets an error that names why, wrapped as the flight wraps it: 503 when the proxy
-// shuts down, 504 when the call ran out of time, 502 when every attempt failed with no
-// answer to share; a client that left gets nothing written.
+// shuts down, 502 when every attempt failed with no answer to share; a client that left
+// gets nothing written.
 func TestFailBeforeBytesSaysWhyTheFlightEnded(t *testing.T) {
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -85,7 +85,6 @@ func TestFailBeforeBytesSaysWhyTheFlightEnded(t *testing.T) {
 		code   string
 	}{
 		{"shutdown", context.Background(), errors.Join(singleflight.ErrFailed, singleflight.ErrShutdown), 503, "server_error", "shutting_down"},
-		{"timeout", context.Background(), errors.Join(singleflight.ErrFailed, singleflight.ErrTimeout), 504, "upstream_error", "upstream_timeout"},
 		{"failed", context.Background(), singleflight.ErrFailed, 502, "upstream_error", "upstream_failed"},
 		{"client gone", gone, errors.Join(singleflight.ErrFailed, singleflight.ErrShutdown), 0, "", ""},
 	} {

@@ -1,11 +1,14 @@
 package proxy_test
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
@@ -64,5 +67,50 @@ func TestTenantsNeverShare(t *testing.T) {
 		if !strings.HasPrefix(c.Authorization, "Bearer sk-") {
 			t.Fatalf("upstream saw Authorization %q; want the client's", c.Authorization)
 		}
+	}
+}
+
+// TestNamespaceOfUnknownGenerationNeitherServesNorStores: a namespaced request whose
+// generation cannot be read might be of a purged generation: it is not served the stored
+// answer its key would find, and its own answer is not stored. See ADR 0047. Here Redis
+// answers the read with an error (the generation's key is of the wrong type) and answers
+// everything else, so that a stored answer is within reach.
+func TestNamespaceOfUnknownGenerationNeitherServesNorStores(t *testing.T) {
+	rs := redistest.Start(t)
+	up := startUpstream(t)
+	s := setup{redis: rs, flight: singleflight.Options{ResultTTL: time.Minute}}
+	const path, ns, nsKey = "/v1/chat/completions", "app-a", "ai:flight:ns:app-a"
+	hdr := []string{"X-Dedupe-Namespace", ns}
+	ctx := context.Background()
+	stored := post(t, newInstance(t, up, s).URL, path, chatBody, hdr...) // generation 0
+	if stored.status != 200 || stored.header.Get("X-Dedupe-Role") != "owner" {
+		t.Fatalf("first request: %d %q; want 200 owner", stored.status, stored.header.Get("X-Dedupe-Role"))
+	}
+
+	if err := rs.Client().HSet(ctx, nsKey, "gen", 1).Err(); err != nil { // GET answers WRONGTYPE
+		t.Fatal(err)
+	}
+	in := newInstance(t, up, s) // it never read the namespace
+	if _, err := in.Group.Generation(ctx, ns); !errors.Is(err, singleflight.ErrGenerationUnknown) {
+		t.Fatalf("Generation: %v; want ErrGenerationUnknown", err)
+	}
+	a := post(t, in.URL, path, chatBody, hdr...)
+	if in.Group.Degraded() {
+		t.Fatal("the instance went local-only: the stored answer was out of its reach")
+	}
+	if a.header.Get("X-Dedupe-Key") != stored.header.Get("X-Dedupe-Key") {
+		t.Fatalf("key %s; want the stored answer's %s, that of generation 0", a.header.Get("X-Dedupe-Key"), stored.header.Get("X-Dedupe-Key"))
+	}
+	if a.status != 200 || a.header.Get("X-Dedupe-Role") != "owner" || a.body == stored.body || up.Calls() != 2 {
+		t.Fatalf("unknown generation: %d %q, %d calls; want 200 owner with a call of its own", a.status, a.header.Get("X-Dedupe-Role"), up.Calls())
+	}
+
+	// Readable again: an instance with no copy of its own finds the first answer, not this one.
+	if err := rs.Client().Del(ctx, nsKey).Err(); err != nil {
+		t.Fatal(err)
+	}
+	later := post(t, newInstance(t, up, s).URL, path, chatBody, hdr...)
+	if later.header.Get("X-Dedupe-Role") != "hit" || later.body != stored.body {
+		t.Fatalf("after it: %q %s; want a hit of the first answer %s", later.header.Get("X-Dedupe-Role"), later.body, stored.body)
 	}
 }

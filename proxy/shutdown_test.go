@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -60,6 +61,29 @@ func TestShutdownReleasesToFollowers(t *testing.T) {
 		t.Fatalf("the owner's client got %d %s; want 503 server_error shutting_down", o.status, o.body)
 	}
 	t.Logf("takeover after shutdown: %v (lease %v)", took, lease)
+}
+
+// TestClosedFlightsAnswerShuttingDown: a request that comes once the flights are closed
+// (the proxy shutting down, its listener still open) is answered 503 shutting_down at once,
+// and no call is made.
+func TestClosedFlightsAnswerShuttingDown(t *testing.T) {
+	for name, rs := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			up := startUpstream(t)
+			in := newInstance(t, up, setup{redis: rs})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := in.Group.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for _, body := range []string{chatBody, `{"model":"gpt-test","stream":true,"messages":[{"role":"user","content":"hello"}]}`} {
+				errorBody(t, post(t, in.URL, "/v1/chat/completions", body), http.StatusServiceUnavailable, "shutting_down")
+			}
+			if up.Calls() != 0 {
+				t.Fatalf("%d upstream calls; want none", up.Calls())
+			}
+		})
+	}
 }
 
 // TestDrainClosesConnectionsAfterTheirAnswer: while the proxy drains, an answer on the

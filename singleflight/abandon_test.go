@@ -132,12 +132,21 @@ func TestCallerBackWithinGraceGetsTheWholeCall(t *testing.T) {
 	}
 }
 
+// A call asked to finish runs to its end, its caller gone: it is not cut here nor in Redis,
+// and its answer is stored for every instance.
 func TestFinishKeepsACallNobodyWaitsFor(t *testing.T) {
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			rec := newRecorder()
-			g := b.group(t, Options{AbandonGrace: time.Millisecond, HeartbeatInterval: 20 * time.Millisecond,
-				LeaseTTL: time.Second, Observer: rec, ResultTTL: time.Minute})
+			o := Options{AbandonGrace: time.Millisecond, HeartbeatInterval: 20 * time.Millisecond,
+				LeaseTTL: time.Second, ResultTTL: time.Minute}
+			og := o
+			og.Observer = rec
+			g := b.group(t, og)
+			other := g // an instance that has no copy of its own
+			if b.redis != nil {
+				other = b.group(t, o)
+			}
 			c := newLongCall()
 			key := uniqueKey()
 			r, err := g.DoWith(key, CallOptions{Finish: true}, c.fn)
@@ -151,6 +160,9 @@ func TestFinishKeepsACallNobodyWaitsFor(t *testing.T) {
 			if b.redis != nil {
 				// Renewals that would cut it, were it not to finish.
 				waitRounds(t, g, 3)
+				if st := g.rem().rdb.HGet(context.Background(), g.rem().keys(key).meta, "state").Val(); st != "R" {
+					t.Fatalf("the flight's state in Redis is %q; want R, running", st)
+				}
 			} else {
 				time.Sleep(50 * time.Millisecond) // fifty graces: nothing to wait on when nothing is to happen
 			}
@@ -158,7 +170,7 @@ func TestFinishKeepsACallNobodyWaitsFor(t *testing.T) {
 			close(c.release)
 			rec.waitMatch(t, "a finished spell", func(e Event) bool { return e.Kind == EventAbandoned && e.Reason == abandonFinished }, 5*time.Second)
 			rec.waitFor(t, EventFlightEnd, 1, 5*time.Second) // after its final write
-			got := storeOne(t, g, key, "unused")
+			got := storeOne(t, other, key, "unused")
 			if got.role != RoleHit || got.body != c.whole(1) {
 				t.Fatalf("after the finished call: %v %q; want a hit of it", got.role, got.body)
 			}
@@ -254,13 +266,9 @@ func TestJoinElsewhereRacingTheCut(t *testing.T) {
 			a, b, _ := twoInstances(t, 20*time.Millisecond, true)
 			c := newLongCall()
 			key := uniqueKey()
-			var joined *Reader
+			j := newJoining()
 			join := func() {
-				var err error
-				if joined, err = b.Do(key, false, c.fn); err != nil {
-					t.Error(err)
-				}
-				waitCond(t, 5*time.Second, "b decides", func() bool { return b.flightRole(key) != RoleUnknown })
+				j.join(b, key, CallOptions{}, c.fn, "b decides", func() bool { return b.flightRole(key) != RoleUnknown })
 			}
 			asked := make(chan bool, 1)
 			a.hooks.cutAsked = func(cut bool) {
@@ -275,6 +283,7 @@ func TestJoinElsewhereRacingTheCut(t *testing.T) {
 			}
 			owner.Close()
 			cut := <-asked
+			joined := j.take(t)
 			if cut != (first == "cut") {
 				t.Fatalf("cut = %v; want %v", cut, first == "cut")
 			}
@@ -298,15 +307,15 @@ func TestJoinHereRacingTheCutKeepsTheCall(t *testing.T) {
 	a, _, _ := twoInstances(t, 20*time.Millisecond, true)
 	c := newLongCall()
 	key := uniqueKey()
-	joined := make(chan *Reader, 1)
+	j := newJoining()
 	a.hooks.cutAsked = func(cut bool) {
 		if !cut {
 			t.Error("Redis did not cut a flight nobody waited for")
 		}
-		joined <- mustDo(t, a, key, c.fn)
+		j.join(a, key, CallOptions{}, c.fn, "", nil)
 	}
 	firstChunk(t, a, key, c.fn).Close()
-	r := <-joined
+	r := j.take(t)
 	close(c.release)
 	got := readAll(context.Background(), r)
 	if got.err != nil || got.body != c.whole(1) || c.calls.Load() != 1 {
@@ -380,17 +389,16 @@ func TestUnwaitOfAnOlderFlightLeavesANewerMark(t *testing.T) {
 	c := newLongCall()
 	key := uniqueKey()
 	firstChunk(t, a, key, c.fn).Close() // nobody waits on the owner's instance
-	seconds, unwaited := make(chan *Reader, 1), make(chan struct{})
+	j, unwaited := newJoining(), make(chan struct{})
 	b.hooks.unwaiting = func(sent bool) {
 		if sent {
 			close(unwaited)
 			return
 		}
-		seconds <- mustDo(t, b, key, c.fn)
-		waitCond(t, 5*time.Second, "b's second flight follows", func() bool { return b.flightRole(key) == RoleFollower })
+		j.join(b, key, CallOptions{}, c.fn, "b's second flight follows", func() bool { return b.flightRole(key) == RoleFollower })
 	}
 	firstChunk(t, b, key, c.fn).Close()
-	second := <-seconds
+	second := j.take(t)
 	<-unwaited
 	waitRounds(t, a, 5)
 	c.notCut(t)
@@ -469,10 +477,7 @@ func TestMarksOfAFailedFlightDoNotKeepTheNext(t *testing.T) {
 	a, b := srv.group(t, o), srv.group(t, o)
 	key := uniqueKey()
 	gate := make(chan struct{})
-	failing := func(ctx context.Context, w *Writer) (Result, error) {
-		<-gate
-		return Result{Outcome: Retry, Head: Head{Status: 500}}, nil
-	}
+	failing := failsAt(gate)
 	ra := mustDo(t, a, key, failing)
 	waitCond(t, 5*time.Second, "a owns", func() bool { return a.flightRole(key) == RoleOwner })
 	rb := mustDo(t, b, key, failing)
@@ -497,16 +502,12 @@ func TestTwoLocalFlightsOfAKeyEachUnmark(t *testing.T) {
 	c := newLongCall()
 	key := uniqueKey()
 	owner := firstChunk(t, a, key, c.fn)
-	second := make(chan *Reader, 1)
+	j := newJoining()
 	b.hooks.lookingUp = once(func() {
-		y, err := b.DoWith(key, CallOptions{NoCache: true}, c.fn) // the first flight's role is not known yet
-		if err != nil {
-			t.Error(err)
-		}
-		second <- y
+		j.join(b, key, CallOptions{NoCache: true}, c.fn, "", nil) // the first flight's role is not known yet
 	})
 	x := mustDo(t, b, key, c.fn)
-	y := <-second
+	y := j.take(t)
 	if x.f == y.f {
 		t.Fatal("the no-cache caller joined the first flight before its lookup")
 	}
@@ -529,15 +530,56 @@ func TestCallKeptAtTheCutIsCutWhenItsCallerLeaves(t *testing.T) {
 	a, _, _ := twoInstances(t, 20*time.Millisecond, true)
 	c := newLongCall()
 	key := uniqueKey()
-	joined := make(chan *Reader, 1)
-	join := once(func() { joined <- mustDo(t, a, key, c.fn) })
+	j := newJoining()
+	join := once(func() { j.join(a, key, CallOptions{}, c.fn, "", nil) })
 	a.hooks.cutAsked = func(bool) { join() }
 	firstChunk(t, a, key, c.fn).Close()
-	r := <-joined
+	r := j.take(t)
 	if _, err := r.Next(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	r.Close() // the call is for nobody again
+	c.waitCut(t)
+	close(c.release)
+}
+
+// failsAt is an owner function whose call fails with a 500 once gate is closed.
+func failsAt(gate <-chan struct{}) Func {
+	return func(ctx context.Context, w *Writer) (Result, error) {
+		<-gate
+		return Result{Outcome: Retry, Head: Head{Status: 500}}, nil
+	}
+}
+
+// A follower that took its flight over keeps the mark it left while it followed: that mark
+// is its own, not a caller elsewhere's, and once its callers all left the call is cut a
+// grace later.
+func TestOwnMarkFromFollowingDoesNotKeepTheCall(t *testing.T) {
+	a, b, _ := twoInstances(t, 20*time.Millisecond, false)
+	key := uniqueKey()
+	gate := make(chan struct{})
+	ra := mustDo(t, a, key, failsAt(gate))
+	waitCond(t, 5*time.Second, "a owns", func() bool { return a.flightRole(key) == RoleOwner })
+	c := newLongCall()
+	rb := mustDo(t, b, key, c.fn)
+	waitCond(t, 5*time.Second, "b follows", func() bool { return b.flightRole(key) == RoleFollower })
+	close(gate) // a's call fails: b takes over
+	if got := readAll(context.Background(), ra); got.head.Status != 500 {
+		t.Fatalf("a's caller: %d %v; want its own call's 500", got.head.Status, got.err)
+	}
+	if _, err := rb.Next(context.Background()); err != nil {
+		t.Fatalf("b's caller: %v; want the first chunk of b's call", err)
+	}
+	if c.calls.Load() != 1 || b.flightRole(key) != RoleOwner {
+		t.Fatalf("b %v with %d calls; want owner of the one call", b.flightRole(key), c.calls.Load())
+	}
+	b.mu.Lock()
+	mark := "w:" + b.rem().markOf(b.flights[key])
+	b.mu.Unlock()
+	if ok, err := b.rem().rdb.HExists(context.Background(), b.rem().keys(key).meta, mark).Result(); !ok || err != nil {
+		t.Fatalf("b's mark %s in the meta: %v %v; want it there, left from following", mark, ok, err)
+	}
+	rb.Close()
 	c.waitCut(t)
 	close(c.release)
 }

@@ -1,6 +1,7 @@
 package singleflight
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -136,6 +137,19 @@ func (r *recorder) count(k EventKind) int {
 	return r.countWhere(func(e Event) bool { return e.Kind == k })
 }
 
+// eventsOf returns the events of kind k observed so far.
+func (r *recorder) eventsOf(k EventKind) []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Event
+	for _, e := range r.events {
+		if e.Kind == k {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // countWhere counts the events observed that match accepts.
 func (r *recorder) countWhere(match func(Event) bool) int {
 	r.mu.Lock()
@@ -207,9 +221,52 @@ func (r *recorder) waitFor(t testing.TB, k EventKind, n int, timeout time.Durati
 // waitCond polls cond (for states that announce no event) until it holds or limit passes.
 func waitCond(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
-	redistest.WaitUntil(t, limit, what, func() (bool, string) {
+	if err := condWithin(limit, what, cond); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// condWithin is waitCond for a goroutine other than the test's: it returns the failure.
+func condWithin(limit time.Duration, what string, cond func() bool) error {
+	return redistest.Until(limit, what, func() (bool, string) {
 		return cond(), fmt.Sprintf("%d goroutines", runtime.NumGoroutine())
 	})
+}
+
+// joining hands the test's goroutine a caller that a hook started (a hook runs on a
+// Group's goroutine, where the test must not be failed), or why it has none.
+type joining chan joined
+
+type joined struct {
+	r   *Reader
+	err error
+}
+
+func newJoining() joining { return make(joining, 1) }
+
+// join starts a caller of key on g and, if cond is not nil, waits until cond holds (what
+// names it); the test's goroutine takes the outcome with take.
+func (j joining) join(g *Group, key string, o CallOptions, fn Func, what string, cond func() bool) {
+	r, err := g.DoWith(key, o, fn)
+	if err == nil && cond != nil {
+		err = condWithin(5*time.Second, what, cond)
+	}
+	j <- joined{r, err}
+}
+
+// take returns the caller a hook started, failing the test if it has none.
+func (j joining) take(t *testing.T) *Reader {
+	t.Helper()
+	select {
+	case got := <-j:
+		if got.err != nil {
+			t.Fatalf("a caller started by a hook: %v", got.err)
+		}
+		return got.r
+	case <-time.After(10 * time.Second):
+		t.Fatal("no hook started a caller within 10s")
+		return nil
+	}
 }
 
 // ownEach starts n flights of new keys on g, the i-th run by fn(i), and waits until g
@@ -407,6 +464,19 @@ func (g *Group) flightRole(key string) Role {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.role
+}
+
+// flightBytes is what key's local flight holds of its current generation's body.
+func (g *Group) flightBytes(key string) string {
+	g.mu.Lock()
+	f := g.flights[key]
+	g.mu.Unlock()
+	if f == nil {
+		return ""
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return string(bytes.Join(f.chunks, nil))
 }
 
 // storeOne runs one flight of key on g with an answer that is stored, and returns it.

@@ -440,8 +440,9 @@ func (h *failScriptBroken) ProcessPipelineHook(next redis.ProcessPipelineHook) r
 
 // TestRetryWaitsForItsOwnFailToLand: a failed attempt whose fail goes on being written past
 // its client is not followed by its own leader's retry once the probe has found Redis
-// back: the retry takes the flight over as failed (or degraded, before the probe), never
-// as expired, and no read of its stream errs.
+// back: the owner's caller gets its own call's 500, the caller waiting with it the retry's
+// answer, and the retry takes the flight over once, as failed (or degraded, before the
+// probe), never as expired; no read of its stream errs.
 func TestRetryWaitsForItsOwnFailToLand(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client()
@@ -451,29 +452,36 @@ func TestRetryWaitsForItsOwnFailToLand(t *testing.T) {
 	rec := newRecorder()
 	g := backend{}.group(t, Options{Redis: c, Observer: rec, TakeoverJitter: 1200 * time.Millisecond, LeaseTTL: 4 * time.Second, HeartbeatInterval: time.Second})
 	var calls atomic.Int32
+	both := make(chan struct{})
 	fn := func(ctx context.Context, w *Writer) (Result, error) {
 		if calls.Add(1) == 1 {
+			<-both // the second caller waits with the first attempt
 			return Result{Head: Head{Status: 500}, Body: []byte("boom"), Outcome: Retry}, nil
 		}
 		return Result{Head: Head{Status: 200}, Body: []byte("ok"), Outcome: Share}, nil
 	}
-	outs := doAll(t, g, uniqueKey(), 2, fn)()
+	wait := doAll(t, g, uniqueKey(), 2, fn)
+	close(both)
+	outs := wait()
 	if n := calls.Load(); n != 2 {
 		t.Fatalf("%d calls; want 2", n)
 	}
-	for _, o := range outs {
-		if o.head.Status == 200 && o.body != "ok" || o.head.Status != 200 && o.head.Status != 500 {
-			t.Errorf("outcome %d %q %v", o.head.Status, o.body, o.err)
-		}
+	if o := outs[0]; o.head.Status != 500 || o.body != "boom" || o.err != nil {
+		t.Errorf("the owner's caller got %d %q %v; want its own call's 500", o.head.Status, o.body, o.err)
 	}
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	for _, e := range rec.events {
-		if e.Kind == EventRedisError && e.Op == "xread" {
+	if o := outs[1]; o.head.Status != 200 || o.body != "ok" || o.err != nil {
+		t.Errorf("the caller waiting with it got %d %q %v; want the retry's 200", o.head.Status, o.body, o.err)
+	}
+	var reasons []string
+	for _, e := range rec.eventsOf(EventTakeover) {
+		reasons = append(reasons, e.Reason)
+	}
+	if len(reasons) != 1 || reasons[0] != "failed" && reasons[0] != "degraded" {
+		t.Errorf("takeovers %q; want one, as failed or degraded", reasons)
+	}
+	for _, e := range rec.eventsOf(EventRedisError) {
+		if e.Op == "xread" {
 			t.Errorf("the retry read a stream and failed: %v", e.Err)
-		}
-		if e.Kind == EventTakeover && e.Reason != "failed" && e.Reason != "degraded" {
-			t.Errorf("takeover for %q; want failed or degraded", e.Reason)
 		}
 	}
 }

@@ -10,17 +10,23 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
+// pausedPair is two instances on b's Redis, with a short lease: a's renewals are held
+// until revive (a paused owner), and recA records a's events.
+func pausedPair(t *testing.T, b backend) (a, other *Group, recA *recorder, revive func()) {
+	o := Options{LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, ResultTTL: time.Minute}
+	recA = newRecorder()
+	oa := o
+	oa.Observer = recA
+	a, other = b.group(t, oa), b.group(t, o)
+	return a, other, recA, deadOwner(a)
+}
+
 func TestPausedOwnerIsFenced(t *testing.T) {
 	srv := redistest.Start(t)
 	b := backend{name: "redis", redis: srv}
-	o := Options{LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, ResultTTL: time.Minute}
 	for _, mode := range []string{"renew refused", "complete refused"} {
 		t.Run(mode, func(t *testing.T) {
-			recA := newRecorder()
-			oa := o
-			oa.Observer = recA
-			a, bg := b.group(t, oa), b.group(t, o)
-			revive := deadOwner(a)
+			a, bg, recA, revive := pausedPair(t, b)
 			defer revive()
 			key := uniqueKey()
 
@@ -68,6 +74,58 @@ func TestPausedOwnerIsFenced(t *testing.T) {
 				t.Fatalf("stored (%q, token %q); want (fresh, a token of instance %s)", body, tok, bg.opts.InstanceID)
 			}
 		})
+	}
+}
+
+// TestPausedOwnerCancelsOnItsRefusedRenewal: an owner paused past its lease, whose flight
+// another instance took over and still runs, has its renewal refused when it goes on (the
+// flight runs under another token): it cancels its call with ErrLeaseLost, before its call
+// wrote anything, and its caller follows the new owner.
+func TestPausedOwnerCancelsOnItsRefusedRenewal(t *testing.T) {
+	a, other, recA, revive := pausedPair(t, backend{name: "redis", redis: redistest.Start(t)})
+	defer revive()
+	key := uniqueKey()
+
+	cause := make(chan error, 1)
+	runningA := make(chan struct{}, 1)
+	ra := mustDo(t, a, key, started(runningA, func(ctx context.Context, w *Writer) (Result, error) {
+		<-ctx.Done() // it writes nothing until it is told to stop
+		cause <- context.Cause(ctx)
+		return Result{}, context.Cause(ctx)
+	}))
+	defer ra.Close()
+	<-runningA
+	rp := newReply("fresh")
+	runningB := make(chan struct{}, 1)
+	rb := mustDo(t, other, key, started(runningB, rp.fn))
+	select {
+	case <-runningB: // the lease ran out: other took over, and its call runs
+	case <-time.After(10 * time.Second):
+		t.Fatal("no takeover within 10s")
+	}
+
+	revive()
+	select {
+	case c := <-cause:
+		if !errors.Is(c, ErrLeaseLost) {
+			t.Fatalf("the paused owner's call ended with %v; want ErrLeaseLost", c)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the paused owner's call still runs 5s after it went on; want it cancelled by its refused renewal")
+	}
+	recA.waitFor(t, EventLeaseLost, 1, 5*time.Second)
+	if n := recA.count(EventFencedWrite); n != 0 {
+		t.Fatalf("%d fenced writes of the paused owner; want none: its call wrote nothing", n)
+	}
+
+	rp.release()
+	for name, r := range map[string]*Reader{"the paused owner's caller": ra, "the new owner's caller": rb} {
+		if got := readWithin(r, 10*time.Second); got.err != nil || got.body != "fresh" {
+			t.Fatalf("%s: %q %v; want the new owner's answer", name, got.body, got.err)
+		}
+	}
+	if n := rp.calls.Load(); n != 1 {
+		t.Fatalf("%d calls after the takeover; want 1", n)
 	}
 }
 

@@ -317,9 +317,11 @@ func wantStored(t *testing.T, srv *redistest.Server, key, want string, calls int
 // synced every second) while a stream runs: the flight is there, running under the same
 // token, but its last batch is lost. The owner's final write, made again once Redis
 // answers, must number its done entry after the batches the owner knows landed, not the
-// ones the old meta counts, so that a follower that had not applied the lost batch (held
-// here, as a slow process would be) sees the gap rather than take the done entry for the
-// next batch: it never ends with an answer missing its middle, and no error.
+// ones the old meta counts, so that a follower that had not applied the lost batch sees the
+// gap rather than take the done entry for the next batch: it never ends with an answer
+// missing its middle, and no error. The follower is held once it applied batch 1, as a slow
+// process would be, and its link is cut meanwhile, so that batch 2's message is lost with
+// the restart.
 func TestCompleteAfterARolledBackStreamLeavesNoHole(t *testing.T) {
 	srv := redistest.Start(t)
 	recA := newRecorder()
@@ -329,7 +331,11 @@ func TestCompleteAfterARolledBackStreamLeavesNoHole(t *testing.T) {
 	oa.Observer, oa.Redis = recA, productClient(t, srv)
 	oa.Redis.AddHook(appended)
 	a := backend{}.group(t, oa)
-	b := newHeldFollower(t, srv, o)
+	b, link, _ := behindLink(t, srv, o)
+	held, hold := make(chan struct{}), make(chan struct{})
+	let := sync.OnceFunc(func() { close(hold) })
+	t.Cleanup(let) // before b's Close
+	b.hooks.afterEntries = once(func() { close(held); <-hold })
 
 	key := uniqueKey()
 	step := []chan struct{}{make(chan struct{}), make(chan struct{})}
@@ -348,15 +354,16 @@ func TestCompleteAfterARolledBackStreamLeavesNoHole(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-appended.ch // batch 1 landed, and the owner knows it
-	rb, err := b.g.Do(key, false, fn)
+	rb, err := b.Do(key, false, fn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, err := rb.Next(context.Background())
-	if err != nil {
-		t.Fatal(err)
+	select {
+	case <-held: // the follower applied batch 1, and goes on only when let
+	case <-time.After(10 * time.Second):
+		t.Fatal("the follower applied nothing within 10s")
 	}
-	b.holding.Store(true) // from now on the follower is held before it applies what comes
+	link.Set(faultproxy.Fault{Mode: faultproxy.Cut})
 
 	if err := srv.Client().Save(context.Background()).Err(); err != nil { // the snapshot: batch 1
 		t.Fatal(err)
@@ -368,16 +375,22 @@ func TestCompleteAfterARolledBackStreamLeavesNoHole(t *testing.T) {
 	close(step[1])
 	waitTried(t, tried)
 	srv.Restart() // loads the snapshot: the flight running, batch 2 lost
+	link.Set(faultproxy.Fault{})
 
 	owner := readWithin(ra, 10*time.Second)
 	if owner.err != nil {
 		t.Fatalf("owner: %v", owner.err)
 	}
-	b.release()
+	recA.waitFor(t, EventFlightEnd, 1, 10*time.Second) // after its final write landed
+	// The fault needs a follower that has batch 1 alone when it goes on.
+	if got := b.flightBytes(key); got != "data: 0\n\n" {
+		t.Fatalf("the follower held %q; want batch 1 alone", got)
+	}
+	let()
 	// The gap makes it read the stream, whose done entry carries every byte from the last
 	// batch the owner knew landed: the whole answer, not an error.
-	if out := readWithin(rb, 10*time.Second); out.err != nil || string(first)+out.body != owner.body {
-		t.Fatalf("the follower got (%q, %v); the call answered %q", string(first)+out.body, out.err, owner.body)
+	if out := readWithin(rb, 10*time.Second); out.err != nil || out.body != owner.body {
+		t.Fatalf("the follower got (%q, %v); the call answered %q", out.body, out.err, owner.body)
 	}
 }
 

@@ -1,6 +1,7 @@
 package redistest
 
 import (
+	"fmt"
 	"net"
 	"testing"
 	"time"
@@ -11,14 +12,22 @@ import (
 // after d.
 func WaitUntil(t testing.TB, d time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
+	if err := Until(d, what, cond); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Until is WaitUntil for a goroutine other than the test's, which must not end the test:
+// it returns the failure for the test's goroutine to report.
+func Until(d time.Duration, what string, cond func() (bool, string)) error {
 	deadline := time.Now().Add(d)
 	for {
 		ok, last := cond()
 		if ok {
-			return
+			return nil
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within %v; last: %s", what, d, last)
+			return fmt.Errorf("%s: not reached within %v; last: %s", what, d, last)
 		}
 		time.Sleep(10 * time.Millisecond) // polling: there is no event to wait on
 	}
