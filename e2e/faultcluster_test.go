@@ -101,7 +101,8 @@ func (fc *faultCluster) silentUntilClaim(which ...int) {
 
 // The proxy's log messages for a degrade and a recovery (cmd/llm-dedupe-proxy/wire.go).
 const (
-	msgDegraded  = "redis unavailable: serving with local-only dedupe until it answers"
+	msgDegraded = "redis unavailable: serving with local-only dedupe until it answers (each instance calls the upstream for its own requests); " +
+		"if it does not, check redis.addrs and that Redis runs there"
 	msgRecovered = "redis answers again: distributed dedupe resumed"
 )
 

@@ -42,7 +42,8 @@ func readmeCode(t *testing.T, heading, lang string) []string {
 // TestReadmeSDKSnippets runs the README's Node and Go programs as written, with no API key
 // in the environment, against a proxy in front of the fake upstream (its address for
 // localhost:8080): each must print the fake's reply, and every call must have gone through
-// the proxy. The Python program is compiled, not run: the official Python SDK cannot be
+// the proxy. The Node program runs again with /v1 left out of its base URL, as the README
+// says: passed through, logged and counted as a near miss. The Python program is compiled, not run: the official Python SDK cannot be
 // installed where the suite runs (no PyPI, and Debian packages none).
 func TestReadmeSDKSnippets(t *testing.T) {
 	snippets := map[string][]string{}
@@ -89,6 +90,23 @@ func TestReadmeSDKSnippets(t *testing.T) {
 	}
 	runSnippet("Node", nodeDir, "node", "hi.mjs")
 
+	// The same program with the base URL's /v1 left out: passed through, still answered by
+	// the fake (it answers any path), and the proxy says what happened.
+	noV1 := strings.Replace(local(snippets["js"][0]), c.ins[0].URL+"/v1", c.ins[0].URL, 1)
+	if err := os.WriteFile(filepath.Join(nodeDir, "hi-no-v1.mjs"), []byte(noV1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	runSnippet("Node (base URL without /v1)", nodeDir, "node", "hi-no-v1.mjs")
+	c.ins[0].waitLine(0, 5*time.Second, "a warning of the near miss", func(l string) bool {
+		m := parseLog(l)
+		msg, _ := m["msg"].(string)
+		return m["level"] == "WARN" && strings.Contains(msg, "base URL missing /v1") && m["path"] == "/chat/completions" &&
+			m["route"] == "/v1/chat/completions"
+	})
+	if n := c.ins[0].metric("llm_dedupe_near_miss_requests_total", map[string]string{"route": "/v1/chat/completions"}); n != 1 {
+		t.Errorf("near_miss_requests_total{route=\"/v1/chat/completions\"} = %v; want 1, the program without /v1", n)
+	}
+
 	// The Go program in a module of its own that requires what the repository's does: the
 	// SDK at the version the suite tests, from the module cache.
 	goDir := t.TempDir()
@@ -108,11 +126,11 @@ func TestReadmeSDKSnippets(t *testing.T) {
 	}
 	runSnippet("Go", goDir, "go", "run", ".")
 
-	if s := c.fake.stats(); s.Calls != 2 {
-		t.Errorf("the fake upstream counted %+v; want 2 calls, one per program", s)
+	if s := c.fake.stats(); s.Calls != 3 {
+		t.Errorf("the fake upstream counted %+v; want 3 calls, one per program run", s)
 	}
 	if n := c.ins[0].metric("llm_dedupe_requests_total", map[string]string{"role": "owner"}); n != 2 {
-		t.Errorf("the proxy counted %v owners; want 2, one per program (each its own key: the Go program sends no Authorization)", n)
+		t.Errorf("the proxy counted %v owners; want 2, one per program with /v1 (each its own key: the Go program sends no Authorization)", n)
 	}
 
 	if _, err := exec.LookPath("python3"); err != nil {

@@ -17,9 +17,10 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
 )
 
-// readmeSections are the parts of README.md whose console examples a newcomer runs in one
-// shell, one after the other: with no API key, then two instances on one Redis, then the
-// admin API of a third, then traces of two more written to files.
+// readmeSections are the parts of README.md whose console examples a newcomer runs, each
+// in a shell of its own: with no API key, then two instances on one Redis, then the admin
+// API of a third, then traces of two more written to files. Each stands alone but for
+// the servers an earlier one started (the fake upstream, and Redis on 6379).
 var readmeSections = []string{"## Try it without an API key", "## Several instances", "### Admin API", "### Traces"}
 
 // readmePorts are the ports the README's examples use; the test gives each a free one.
@@ -32,12 +33,13 @@ type step struct {
 }
 
 // TestReadmeExamples runs the README's console examples from "Try it without an API key" to
-// the admin API in one bash, as a newcomer would paste them, with the built binary for
-// `go run ./cmd/llm-dedupe-proxy`, free ports for the README's, and a redis-server of the
-// test's for the one on 6379. Each command must print what the README shows under it, up
-// to what changes from run to run (dates, ages, durations, instance ids, the order of
-// concurrent lines): no API key, one upstream call per burst, and every tool's output
-// taken as the next one's input.
+// the traces, each section in a fresh bash, one after the other, as a newcomer would paste
+// them, with the built binary for `go run ./cmd/llm-dedupe-proxy`, free ports for the
+// README's, and a redis-server of the test's for the one on 6379. Each command must print
+// what the README shows under it, up to what changes from run to run (dates, ages,
+// durations, ids): no API key, one upstream call per burst, every tool's output taken as
+// the next one's input, no section using a variable another set, and nothing written in
+// the directory the examples run in.
 func TestReadmeExamples(t *testing.T) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Fatal("curl not found on PATH: the README's examples use it (Debian: apt-get install curl)")
@@ -46,13 +48,11 @@ func TestReadmeExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var steps []step
-	for _, s := range readmeSections {
-		got := consoleSteps(t, string(raw), s)
-		if len(got) == 0 {
+	sections := make([][]step, len(readmeSections))
+	for i, s := range readmeSections {
+		if sections[i] = consoleSteps(t, string(raw), s); len(sections[i]) == 0 {
 			t.Fatalf("README.md: no console example under %q", s)
 		}
-		steps = append(steps, got...)
 	}
 
 	rs := redistest.Start(t)
@@ -65,35 +65,53 @@ func TestReadmeExamples(t *testing.T) {
 		return portRE.ReplaceAllStringFunc(s, func(p string) string { return ports[p] })
 	}
 
-	dir := t.TempDir()
-	var script strings.Builder
-	for i, s := range steps {
-		fmt.Fprintf(&script, "{ %s\n} >%s 2>&1\n", testCommand(local(s.cmd), ports), filepath.Join(dir, strconv.Itoa(i)))
-	}
+	out, work := t.TempDir(), t.TempDir() // the steps' output; where the examples run
+	env := []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + t.TempDir(), "TMPDIR=" + t.TempDir()}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sh := exec.CommandContext(ctx, "bash", "-c", script.String())
-	sh.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + t.TempDir()}
-	sh.Dir = t.TempDir() // the files the examples write; `go run` is the built binary
-	sh.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	sh.Cancel = func() error { return syscall.Kill(-sh.Process.Pid, syscall.SIGKILL) }
-	if err := sh.Start(); err != nil {
-		t.Fatal(err)
+	n, runErr := 0, error(nil)
+	for i, steps := range sections {
+		var script strings.Builder
+		for _, s := range steps {
+			fmt.Fprintf(&script, "{ %s\n} >%s 2>&1\n", testCommand(local(s.cmd), ports), filepath.Join(out, strconv.Itoa(n)))
+			n++
+		}
+		sh := exec.CommandContext(ctx, "bash", "-c", script.String())
+		sh.Env, sh.Dir = env, work
+		sh.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		sh.Cancel = func() error { return syscall.Kill(-sh.Process.Pid, syscall.SIGKILL) }
+		if err := sh.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// The proxies and the fake upstream go on in the background, in the shell's process
+		// group, after the shell exits: the later sections use them.
+		t.Cleanup(func() { _ = syscall.Kill(-sh.Process.Pid, syscall.SIGKILL) })
+		if err := sh.Wait(); err != nil {
+			runErr = fmt.Errorf("%s: %v", readmeSections[i], err)
+			break
+		}
 	}
-	// The proxies and the fake upstream go on in the background, in the shell's process
-	// group, after the shell exits.
-	t.Cleanup(func() { _ = syscall.Kill(-sh.Process.Pid, syscall.SIGKILL) })
-	runErr := sh.Wait()
 
-	for i, s := range steps {
-		out, _ := os.ReadFile(filepath.Join(dir, strconv.Itoa(i)))
-		got, want := normalized(string(out)), normalized(local(strings.Join(s.want, "\n")))
-		if !slices.Equal(got, want) {
-			t.Errorf("$ %s\nprinted\n%s\nwhere the README shows\n%s", s.cmd, out, strings.Join(s.want, "\n"))
+	n = 0
+	for _, steps := range sections {
+		for _, s := range steps {
+			b, _ := os.ReadFile(filepath.Join(out, strconv.Itoa(n)))
+			n++
+			got, want := normalized(string(b)), normalized(local(strings.Join(s.want, "\n")))
+			if !slices.Equal(got, want) {
+				t.Errorf("$ %s\nprinted\n%s\nwhere the README shows\n%s", s.cmd, b, strings.Join(s.want, "\n"))
+			}
 		}
 	}
 	if runErr != nil {
 		t.Errorf("the README's commands did not all run within 2 minutes: %v", runErr)
+	}
+	if left, _ := os.ReadDir(work); len(left) > 0 {
+		var names []string
+		for _, e := range left {
+			names = append(names, e.Name())
+		}
+		t.Errorf("the README's examples left %v in the directory they ran in; want nothing", names)
 	}
 }
 
@@ -112,8 +130,8 @@ func testCommand(cmd string, ports map[string]string) string {
 }
 
 // consoleSteps returns the commands of the console blocks under heading, each with the
-// lines shown after it: a line "$ …" starts a command, indented lines continue it, "# …"
-// lines are comments, and other lines are its output.
+// lines shown after it: a line "$ …" starts a command, the lines of a command left
+// unfinished continue it, "# …" lines are comments, and other lines are its output.
 func consoleSteps(t *testing.T, readme, heading string) []step {
 	t.Helper()
 	i := strings.Index(readme, "\n"+heading+"\n")
@@ -142,7 +160,7 @@ func consoleSteps(t *testing.T, readme, heading string) []step {
 			case strings.HasPrefix(line, "$ "):
 				steps = append(steps, step{cmd: strings.TrimPrefix(line, "$ ")})
 			case strings.HasPrefix(line, "# ") || line == "":
-			case strings.HasPrefix(line, " ") && len(steps) > 0 && len(steps[len(steps)-1].want) == 0:
+			case len(steps) > 0 && unfinished(steps[len(steps)-1]):
 				steps[len(steps)-1].cmd += "\n" + line
 			case len(steps) > 0:
 				steps[len(steps)-1].want = append(steps[len(steps)-1].want, line)
@@ -150,6 +168,12 @@ func consoleSteps(t *testing.T, readme, heading string) []step {
 		}
 	}
 	return steps
+}
+
+// unfinished reports whether s's command goes on on the next line: it ends with a
+// backslash or leaves a parenthesis open, as a subshell around a loop does.
+func unfinished(s step) bool {
+	return len(s.want) == 0 && (strings.HasSuffix(s.cmd, "\\") || strings.Count(s.cmd, "(") > strings.Count(s.cmd, ")"))
 }
 
 // What changes from run to run in the README's outputs, and what stands for it.
@@ -168,7 +192,7 @@ var variable = []struct {
 }
 
 // normalized returns the non-empty lines of out, with what changes from run to run
-// replaced, in sorted order: lines printed by concurrent requests come in any order.
+// replaced, in sorted order: ids sort differently from run to run.
 func normalized(out string) []string {
 	var lines []string
 	for _, l := range strings.Split(out, "\n") {

@@ -8,7 +8,7 @@
 //
 //   - route is the configured route path (for example "/v1/chat/completions") or a fixed
 //     name such as "passthrough", never the raw request URL;
-//   - role is owner, follower, hit or bypass; code is the HTTP status as a decimal string,
+//   - role is owner, follower, hit, bypass, rejected or unknown; code is the HTTP status as a decimal string,
 //     or "error" for an upstream call that got no response (transport error, timeout);
 //   - reason (takeovers) is one of expired, failed, shutdown, degraded, or "other" for a
 //     reason this package does not know yet; op (Redis errors) is the name of a coordinator
@@ -114,6 +114,7 @@ type Metrics struct {
 	invalidations     *prometheus.CounterVec
 	abandoned         *prometheus.CounterVec
 	abandonedBytes    prometheus.Counter
+	nearMisses        *prometheus.CounterVec
 
 	models modelSet
 
@@ -174,7 +175,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace,
 			Name:      "requests_total",
-			Help:      "Client requests answered on deduplicated routes, by route, role (owner, follower, hit, bypass) and HTTP status code.",
+			Help:      "Client requests answered on deduplicated routes, by route, role (owner, follower, hit, bypass; rejected before any flight; unknown: the client left before its flight decided) and HTTP status code (499: the client left).",
 		}, []string{"route", "role", "code"}),
 		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace,
@@ -279,6 +280,11 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name:      "abandoned_bytes_total",
 			Help:      "Bytes of answers that calls owned here received from the upstream while no client of this instance waited for them.",
 		}),
+		nearMisses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace,
+			Name:      "near_miss_requests_total",
+			Help:      "POST requests passed through, not deduplicated, whose path ends like the deduplicated route (/chat/completions for /v1/chat/completions): most often a client whose base URL lacks /v1.",
+		}, []string{"route"}),
 		models: modelSet{max: MaxModels},
 	}
 	for _, o := range abandonOutcomes {
@@ -302,7 +308,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.savedRequests, m.savedTokens, m.waiting, m.open,
 		m.inflight, m.roles, m.takeovers, m.leaseLost, m.fencedWrites,
 		m.heartbeatFailures, m.redisErrors, m.degraded, m.followerWait,
-		m.purges, m.invalidations, m.abandoned, m.abandonedBytes,
+		m.purges, m.invalidations, m.abandoned, m.abandonedBytes, m.nearMisses,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -387,6 +393,16 @@ func (m *Metrics) WaitingAdd(delta int) {
 		return
 	}
 	m.waiting.Add(float64(delta))
+}
+
+// NearMiss records a POST passed through whose path ends like the deduplicated route route
+// (a client's base URL without /v1, most often): requests that could have been
+// deduplicated and were not. route is a configured route, so its values are bounded.
+func (m *Metrics) NearMiss(route string) {
+	if m == nil {
+		return
+	}
+	m.nearMisses.WithLabelValues(route).Inc()
 }
 
 // exemplarGate lets one exemplar a second into each bucket of a duration histogram:

@@ -74,13 +74,16 @@ func NewAdmin(cfg AdminConfig) (http.Handler, error) {
 	r := chi.NewRouter()
 	r.Use(a.authorize)
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
-		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", "no such admin endpoint")
+		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found",
+			"no such admin endpoint: there are GET /admin/flights, DELETE /admin/answers/KEY and POST /admin/purge?namespace=NAME")
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "method not allowed on this admin endpoint")
 	})
 	r.Get("/admin/flights", a.flights)
 	r.Delete("/admin/answers/{key}", a.forget)
+	r.Delete("/admin/answers/", a.forget) // no key: said so by forget, not taken for another endpoint
+	r.Delete("/admin/answers", a.forget)
 	r.Post("/admin/purge", a.purge)
 	return r, nil
 }
@@ -139,7 +142,13 @@ func (a *admin) flights(w http.ResponseWriter, r *http.Request) {
 func (a *admin) forget(w http.ResponseWriter, r *http.Request) {
 	key := chi.URLParam(r, "key")
 	if !isKey(key) {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_key", "a key is 64 lower-case hex digits, as in X-Dedupe-Key")
+		got := "none"
+		if key != "" {
+			got = strconv.Quote(key[:min(len(key), 80)])
+		}
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "invalid_key",
+			"DELETE /admin/answers/KEY takes a key of 64 lower-case hex digits (an answer's X-Dedupe-Key, "+
+				"or the last line llm-dedupe-proxy key prints), got "+got)
 		return
 	}
 	found, err := a.cfg.Flights.Forget(r.Context(), key)

@@ -137,6 +137,30 @@ func TestAdminToken(t *testing.T) {
 	}
 }
 
+// TestAdminSaysWhatWasWrong: a DELETE without a key (what an empty shell variable makes)
+// is told what a key is, not that the endpoint does not exist; a path that is no endpoint
+// is told the endpoints there are.
+func TestAdminSaysWhatWasWrong(t *testing.T) {
+	in := newInstance(t, startUpstream(t), setup{})
+	base := adminOf(t, in)
+	for _, tc := range []struct{ method, path, code, says string }{
+		{"DELETE", "/admin/answers/", "invalid_key", "takes a key of 64 lower-case hex digits (an answer's X-Dedupe-Key, or the last line llm-dedupe-proxy key prints), got none"},
+		{"DELETE", "/admin/answers", "invalid_key", "got none"},
+		{"DELETE", "/admin/answers/ABC", "invalid_key", `got \"ABC\"`}, // as JSON escapes it
+		{"GET", "/admin/answer", "not_found", "there are GET /admin/flights, DELETE /admin/answers/KEY and POST /admin/purge?namespace=NAME"},
+	} {
+		status, hdr, body := adminDo(t, tc.method, base+tc.path, adminToken)
+		want := http.StatusBadRequest
+		if tc.code == "not_found" {
+			want = http.StatusNotFound
+		}
+		errorBody(t, answer{status: status, header: hdr, body: body}, want, tc.code)
+		if !strings.Contains(body, tc.says) {
+			t.Errorf("%s %s: %s; want it to say %q", tc.method, tc.path, body, tc.says)
+		}
+	}
+}
+
 func TestAdminPurgeAnswer(t *testing.T) {
 	for name, rs := range backends(t) {
 		t.Run(name, func(t *testing.T) {

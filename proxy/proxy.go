@@ -37,6 +37,9 @@ type Recorder interface {
 	Upstream(ctx context.Context, route string, code int, d time.Duration)
 	Saved(route, model string, promptTokens, completionTokens int64)
 	WaitingAdd(delta int)
+	// NearMiss counts a POST passed through whose path ends like the deduplicated route
+	// (nearmiss.go).
+	NearMiss(route string)
 }
 
 // Config configures a Proxy. Upstream, Flights and Hasher are required.
@@ -105,6 +108,7 @@ type Proxy struct {
 	cfg      Config
 	router   chi.Router
 	posts    map[string]http.Handler // the deduplicated routes, by literal path
+	near     []*nearMiss             // what a POST that nearly reaches one of them ends with
 	pass     http.Handler
 	draining atomic.Bool
 }
@@ -169,6 +173,7 @@ func New(cfg Config) (*Proxy, error) {
 			p.posts[path] = h
 		}
 	}
+	p.near = newNearMisses(cfg.Paths)
 	passed := p.logRequests("passthrough")(p.pass)
 	r.Handle("/*", passed)
 	// chi answers a method it does not know (an extension such as PROPFIND) 405 with no
@@ -196,6 +201,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.ServeHTTP(w, r)
 			return
 		}
+		p.checkNearMiss(r)
 	}
 	p.router.ServeHTTP(w, r)
 }
@@ -229,3 +235,4 @@ func (nopRecorder) Request(context.Context, string, string, int, time.Duration) 
 func (nopRecorder) Upstream(context.Context, string, int, time.Duration)        {}
 func (nopRecorder) Saved(string, string, int64, int64)                          {}
 func (nopRecorder) WaitingAdd(int)                                              {}
+func (nopRecorder) NearMiss(string)                                             {}

@@ -45,7 +45,7 @@ func (t *Tracing) Shutdown(ctx context.Context) error {
 // and OTEL_TRACES_EXPORTER names console, or names otlp (the default) with an OTLP endpoint
 // set (OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT).
 func Enabled(getenv func(string) string) bool {
-	if strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true") {
+	if strings.EqualFold(strings.TrimSpace(getenv("OTEL_SDK_DISABLED")), "true") {
 		return false
 	}
 	otlp, console, _ := exporters(getenv)
@@ -69,7 +69,7 @@ func exporters(getenv func(string) string) (otlp, console bool, err error) {
 		case "console":
 			console = true
 		default:
-			err = fmt.Errorf("tracing: OTEL_TRACES_EXPORTER %q: %q is not supported: use otlp, console or none", list, name)
+			err = &EnvError{Name: "OTEL_TRACES_EXPORTER", Rule: fmt.Sprintf("%q is not supported: use otlp, console or none (or a list: otlp,console)", strings.TrimSpace(name))}
 		}
 	}
 	return otlp, console, err
@@ -77,9 +77,11 @@ func exporters(getenv func(string) string) (otlp, console bool, err error) {
 
 // protocol is the OTLP protocol the environment names: http/protobuf (the default) or grpc.
 func protocol(getenv func(string) string) (string, error) {
-	p := getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	name := "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+	p := getenv(name)
 	if p == "" {
-		p = getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+		name = "OTEL_EXPORTER_OTLP_PROTOCOL"
+		p = getenv(name)
 	}
 	switch p {
 	case "", "http/protobuf":
@@ -87,26 +89,27 @@ func protocol(getenv func(string) string) (string, error) {
 	case "grpc":
 		return "grpc", nil
 	}
-	return "", fmt.Errorf("tracing: OTLP protocol %q is not supported: use http/protobuf or grpc", p)
+	return "", &EnvError{Name: name, Rule: fmt.Sprintf("%q is not supported: use http/protobuf or grpc", p)}
 }
 
 // New returns the tracing the environment asks for, or nil when it asks for none (see
-// Enabled). The exporters (OTLP; console, to standard output), the sampler
-// (OTEL_TRACES_SAMPLER, default parentbased_always_on), the batch processor (OTEL_BSP_*)
-// and the resource (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES) read their own variables;
-// version is service.version.
+// Enabled); an OTEL_* value it cannot use is an error (see Check). The exporters (OTLP;
+// console, to standard output), the sampler (OTEL_TRACES_SAMPLER, default
+// parentbased_always_on), the batch processor (OTEL_BSP_*) and the resource
+// (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES) read their own variables; version is
+// service.version.
 func New(ctx context.Context, version string) (*Tracing, error) {
 	return newTracing(ctx, version, os.Getenv, os.Stdout)
 }
 
 func newTracing(ctx context.Context, version string, getenv func(string) string, stdout io.Writer) (*Tracing, error) {
-	if strings.EqualFold(getenv("OTEL_SDK_DISABLED"), "true") {
+	if err := Check(getenv); err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	if strings.EqualFold(strings.TrimSpace(getenv("OTEL_SDK_DISABLED")), "true") {
 		return nil, nil
 	}
-	useOTLP, useConsole, err := exporters(getenv)
-	if err != nil {
-		return nil, err
-	}
+	useOTLP, useConsole, _ := exporters(getenv)
 	var opts []sdktrace.TracerProviderOption
 	var names []string
 	if useConsole {
@@ -116,11 +119,9 @@ func newTracing(ctx context.Context, version string, getenv func(string) string,
 		opts = append(opts, sdktrace.WithSyncer(&console{w: stdout}))
 	}
 	if useOTLP {
-		proto, err := protocol(getenv)
-		if err != nil {
-			return nil, err
-		}
+		proto, _ := protocol(getenv)
 		var exp sdktrace.SpanExporter
+		var err error
 		if proto == "grpc" {
 			exp, err = otlptracegrpc.New(ctx)
 		} else {

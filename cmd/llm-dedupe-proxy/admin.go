@@ -11,13 +11,12 @@ import (
 // serveAdmin serves the admin API on its own listener, so that it can be bound to an
 // address clients cannot reach; with no handler it does nothing. stop closes it at once:
 // admin requests are short, and none should outlive the proxy.
-func serveAdmin(addr string, h http.Handler, logger *slog.Logger) (stop func(), err error) {
+func serveAdmin(ln net.Listener, h http.Handler, logger *slog.Logger) (stop func()) {
 	if h == nil {
-		return func() {}, nil
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
+		if ln != nil {
+			_ = ln.Close()
+		}
+		return func() {}
 	}
 	srv := &http.Server{
 		Handler:           h,
@@ -37,5 +36,5 @@ func serveAdmin(addr string, h http.Handler, logger *slog.Logger) (stop func(), 
 	return func() {
 		_ = srv.Close()
 		<-done
-	}, nil
+	}
 }

@@ -37,8 +37,9 @@ func commands() []*command {
 			about: "Serves a fake OpenAI-compatible API that needs no API key: Chat Completions, Completions,\n" +
 				"Embeddings and Responses, streamed or not, each answer numbered by the call that made it\n" +
 				"(\"reply 1\", \"reply 2\", …) and sent after --delay, so that identical requests overlap.\n" +
-				"GET /_fake/stats counts its calls. Point the proxy at it with\n" +
-				"--upstream.base_url=http://127.0.0.1:9000.",
+				"GET /_fake/stats counts its calls. It answers a POST on any path, with\n" +
+				"Set-Cookie: session=secret: a fixture of the tests (no cookie may reach another client).\n" +
+				"Point the proxy at it with --upstream.base_url=http://127.0.0.1:9000.",
 			keys: []string{},
 			run:  (*app).fakeUpstream,
 		},

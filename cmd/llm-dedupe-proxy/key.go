@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -84,13 +85,20 @@ func (a *app) key(args []string) int {
 	}
 
 	var body []byte
-	if name := fs.Arg(0); name == "" || name == "-" {
+	name := fs.Arg(0)
+	if name == "" || name == "-" {
 		body, err = io.ReadAll(a.stdin)
 	} else {
 		body, err = os.ReadFile(name)
 	}
 	if err != nil {
 		return fail(1, "%v", err)
+	}
+	if len(bytes.TrimSpace(body)) == 0 { // an unset shell variable, most often: say so, not "invalid JSON"
+		if name == "" || name == "-" {
+			return fail(1, "no request body on standard input: give it there (echo '{\"model\":…}' | llm-dedupe-proxy key) or name a file that holds it")
+		}
+		return fail(1, "%s holds no request body", name)
 	}
 
 	var gen uint64

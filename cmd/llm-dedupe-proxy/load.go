@@ -171,18 +171,25 @@ func (cf *configFlags) load(env map[string]string) (Config, error) {
 	}
 	// A value that came from the environment is named by its variable too: the key alone
 	// sends the user looking in a file that does not hold it (ADR 0054).
-	fromEnv := map[string]string{}
-	for _, s := range list {
-		if val, ok := getenv(s.env()); ok && val != "" && !(cf.keys[s.key] != nil && cf.keys[s.key].set) {
-			fromEnv[s.key] = s.env()
-		}
-	}
 	for _, e := range errs {
 		if ce, ok := e.(*configError); ok {
-			ce.Env = fromEnv[ce.Key]
+			ce.Env = cf.fromEnv(env, ce.Key)
 		}
 	}
 	return cfg, errors.Join(errs...)
+}
+
+// fromEnv returns the environment variable that set key, or "" when none did or a flag
+// overrode it: what a message about the key's value names besides the key.
+func (cf *configFlags) fromEnv(env map[string]string, key string) string {
+	if f := cf.keys[key]; f == nil || f.set {
+		return ""
+	}
+	name := setting{key: key}.env()
+	if env[name] == "" {
+		return ""
+	}
+	return name
 }
 
 // otherEnv are the LLM_DEDUPE_ variables that name no key and are not mistakes: the file

@@ -122,14 +122,15 @@ func (a *app) parse(c *command, fs *flag.FlagSet, args []string, maxArgs int) (c
 	return 2, true
 }
 
-// invalidConfig reports every error of a configuration on its own line and returns status 2.
+// invalidConfig reports every error of a configuration, joined errors each on its own line,
+// and returns status 2.
 func (a *app) invalidConfig(err error) int {
-	errs := []error{err}
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		errs = j.Unwrap()
+		for _, e := range j.Unwrap() {
+			a.invalidConfig(e)
+		}
+		return 2
 	}
-	for _, e := range errs {
-		fmt.Fprintf(a.stderr, "llm-dedupe-proxy: invalid config: %v\n", e)
-	}
+	fmt.Fprintf(a.stderr, "llm-dedupe-proxy: invalid config: %v\n", err)
 	return 2
 }

@@ -211,8 +211,23 @@ func TestKeyUsesConfig(t *testing.T) {
 	}
 }
 
+// TestKeyWithoutABody: an empty body (an unset shell variable echoed) is said to be missing,
+// with where key reads it from, rather than reported as invalid JSON.
+func TestKeyWithoutABody(t *testing.T) {
+	for _, body := range []string{"", "\n"} {
+		r := runCmd(t, nil, body, "key")
+		if r.code != 1 || r.stdout != "" || !strings.HasPrefix(r.stderr, "llm-dedupe-proxy key: no request body on standard input: give it there") {
+			t.Errorf("stdin %q: status %d, stdout %q, stderr %q; want 1 and that no body came", body, r.code, r.stdout, r.stderr)
+		}
+	}
+	empty := writeFile(t, "body.json", " \n")
+	if r := runCmd(t, nil, "", "key", empty); r.code != 1 || r.stderr != "llm-dedupe-proxy key: "+empty+" holds no request body\n" {
+		t.Errorf("an empty file: status %d, stderr %q; want 1 and that it holds no body", r.code, r.stderr)
+	}
+}
+
 func TestKeyInvalidJSON(t *testing.T) {
-	for _, body := range []string{`{"model":`, `[1,2]`, ``} {
+	for _, body := range []string{`{"model":`, `[1,2]`, `hello`} {
 		r := runCmd(t, nil, body, "key")
 		if r.code != 1 || r.stdout != "" || !strings.HasPrefix(r.stderr, "llm-dedupe-proxy key: ") {
 			t.Errorf("body %q: status %d, stdout %q, stderr %q; want 1 and a message on stderr only",

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -47,6 +48,40 @@ func TestRedisAuthFailureIsDegraded(t *testing.T) {
 	}
 }
 
+// msgUnavailable is logged when Redis cannot be reached (wire.go's degradedMessage).
+const msgUnavailable = "redis unavailable: serving with local-only dedupe until it answers (each instance calls the upstream for its own requests); " +
+	"if it does not, check redis.addrs and that Redis runs there"
+
+// TestUnusableRedisNamesRedisAddrs: a redis.addrs where nothing listens is logged as a
+// warning (it may be a Redis still starting) and one where another server answers as an
+// error (a configuration to fix); both name redis.addrs and give its value.
+func TestUnusableRedisNamesRedisAddrs(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nothing := l.Addr().String()
+	l.Close()
+	web := httptest.NewServer(http.NotFoundHandler())
+	defer web.Close()
+	for _, tc := range []struct {
+		name, addr, msg, level string
+	}{
+		{"nothing listens", nothing, msgUnavailable, "WARN"},
+		{"not Redis", strings.TrimPrefix(web.URL, "http://"),
+			"the server at redis.addrs does not answer as Redis does (another service on that port?): check redis.addrs; serving with local-only dedupe", "ERROR"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, stop, msgs := startServeLogs(t, "--redis.addrs="+tc.addr, "--upstream.base_url=http://127.0.0.1:1")
+			defer stop()
+			l := waitLogged(t, msgs, tc.msg)
+			if addrs, _ := l["redis.addrs"].([]any); l["level"] != tc.level || len(addrs) != 1 || addrs[0] != tc.addr {
+				t.Errorf("logged %v; want level %s and redis.addrs [%s]", l, tc.level, tc.addr)
+			}
+		})
+	}
+}
+
 // TestHealthcheckRequireRedis: the check `helm test` runs passes on an instance that
 // reaches its Redis and fails on one that does not, which still serves (fail-open).
 func TestHealthcheckRequireRedis(t *testing.T) {
@@ -73,7 +108,7 @@ func TestHealthcheckRequireRedis(t *testing.T) {
 	l.Close()
 	base, stop, msgs := startServeLogs(t, "--redis.addrs="+wrong, "--upstream.base_url=http://127.0.0.1:1")
 	defer stop()
-	waitLogged(t, msgs, "redis unavailable: serving with local-only dedupe until it answers")
+	waitLogged(t, msgs, msgUnavailable)
 	res, err := http.Get(base + "/healthz")
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/tracing"
 )
 
 // serve runs the HTTP server until ctx ends, then shuts it down gracefully: requests in
@@ -24,7 +25,8 @@ func (a *app) serve(args []string) int {
 		return code
 	}
 	cfg, err := cf.load(a.env)
-	if err != nil {
+	// The OTEL_* variables are configuration too: see ADR 0079.
+	if err := errors.Join(err, tracing.Check(func(name string) string { return a.env[name] })); err != nil {
 		return a.invalidConfig(err)
 	}
 	if *printCfg {
@@ -39,16 +41,33 @@ func (a *app) serve(args []string) int {
 	if cfg.Upstream.APIKey != "" && everyInterface(cfg.Listen) {
 		logger.Warn(exposedKey, "listen", cfg.Listen)
 	}
+	// Both addresses are taken before Redis is dialled: one in use is said like an invalid
+	// value, not after log lines about the backend. See ADR 0079.
+	ln, err := listenOn("listen", cfg.Listen, cf.fromEnv(a.env, "listen"))
+	if err != nil {
+		return a.invalidConfig(err)
+	}
+	var adminLn net.Listener
+	if cfg.Admin.Listen != "" {
+		if adminLn, err = listenOn("admin.listen", cfg.Admin.Listen, cf.fromEnv(a.env, "admin.listen")); err != nil {
+			_ = ln.Close()
+			return a.invalidConfig(err)
+		}
+	}
+
 	defer startPprof(a, logger)()
 	wired, err := wire(cfg, logger)
 	if err != nil {
+		_ = ln.Close()
+		if adminLn != nil {
+			_ = adminLn.Close()
+		}
+		var ce *configError
+		if errors.As(err, &ce) { // a file a key names, read only now
+			ce.Env = cf.fromEnv(a.env, ce.Key)
+			return a.invalidConfig(ce)
+		}
 		logger.Error("start", "err", err)
-		return 1
-	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		logger.Error("listen", "err", err)
-		_ = wired.close(context.Background())
 		return 1
 	}
 	srv := &http.Server{
@@ -60,13 +79,7 @@ func (a *app) serve(args []string) int {
 		// write, which the server lifts after each answer).
 		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
-	stopAdmin, err := serveAdmin(cfg.Admin.Listen, wired.admin, logger)
-	if err != nil {
-		logger.Error("admin listen", "err", err)
-		_ = ln.Close()
-		_ = wired.close(context.Background())
-		return 1
-	}
+	stopAdmin := serveAdmin(adminLn, wired.admin, logger)
 	defer stopAdmin()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

@@ -22,8 +22,11 @@ func startServe(t *testing.T, args ...string) (string, func() int) {
 	return base, stop
 }
 
-// startServeLogs is startServe that also returns the messages serve logs, as they come.
-func startServeLogs(t *testing.T, args ...string) (string, func() int, <-chan string) {
+// logLine is a line of serve's JSON log, decoded.
+type logLine map[string]any
+
+// startServeLogs is startServe that also returns the lines serve logs, as they come.
+func startServeLogs(t *testing.T, args ...string) (string, func() int, <-chan logLine) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -36,17 +39,17 @@ func startServeLogs(t *testing.T, args ...string) (string, func() int, <-chan st
 	}()
 
 	addr := make(chan string, 1)
-	msgs := make(chan string, 1000)
+	msgs := make(chan logLine, 1000)
 	go func() {
 		sc := bufio.NewScanner(logs)
 		for sc.Scan() {
-			var line struct{ Msg, Addr string }
+			var line logLine
 			if json.Unmarshal(sc.Bytes(), &line) == nil {
-				if line.Msg == "listening" {
-					addr <- line.Addr
+				if line["msg"] == "listening" {
+					addr <- line["addr"].(string)
 				}
 				select {
-				case msgs <- line.Msg:
+				case msgs <- line:
 				default:
 				}
 			}
@@ -78,15 +81,15 @@ func startServeLogs(t *testing.T, args ...string) (string, func() int, <-chan st
 	return base, stop, msgs
 }
 
-// waitLogged waits until serve logs msg.
-func waitLogged(t *testing.T, msgs <-chan string, msg string) {
+// waitLogged waits until serve logs msg, and returns that line.
+func waitLogged(t *testing.T, msgs <-chan logLine, msg string) logLine {
 	t.Helper()
 	timeout := time.After(10 * time.Second)
 	for {
 		select {
-		case m := <-msgs:
-			if m == msg {
-				return
+		case l := <-msgs:
+			if l["msg"] == msg {
+				return l
 			}
 		case <-timeout:
 			t.Fatalf("serve did not log %q within 10s", msg)
@@ -243,8 +246,8 @@ func TestServeWarnsOfAnExposedKey(t *testing.T) {
 	_, port, _ := net.SplitHostPort(held.Addr().String())
 	for _, listen := range []string{":" + port, "0.0.0.0:" + port, "[::]:" + port} {
 		r := runCmd(t, nil, "", "serve", "--listen="+listen, "--upstream.api_key=sk-shared", "--log.format=json")
-		if r.code != 1 || !strings.Contains(r.stderr, `"level":"WARN","msg":"`+exposedKey+`","listen":"`+listen+`"`) {
-			t.Errorf("listen %s with an api_key: status %d, log\n%s\nwant the warning, then 1 (the port is held)", listen, r.code, r.stderr)
+		if r.code != 2 || !strings.Contains(r.stderr, `"level":"WARN","msg":"`+exposedKey+`","listen":"`+listen+`"`) {
+			t.Errorf("listen %s with an api_key: status %d, log\n%s\nwant the warning, then 2 (the port is held)", listen, r.code, r.stderr)
 		}
 	}
 	base, stop, msgs := startServeLogs(t, "--upstream.api_key=sk-shared")
@@ -253,8 +256,8 @@ func TestServeWarnsOfAnExposedKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	for len(msgs) > 0 {
-		if m := <-msgs; m == exposedKey {
-			t.Errorf("listening on 127.0.0.1 with an api_key: warned %q", m)
+		if l := <-msgs; l["msg"] == exposedKey {
+			t.Errorf("listening on 127.0.0.1 with an api_key: warned %v", l)
 		}
 	}
 	for listen, want := range map[string]bool{":8080": true, "0.0.0.0:80": true, "[::]:80": true, "127.0.0.1:8080": false,

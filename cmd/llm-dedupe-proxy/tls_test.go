@@ -43,8 +43,8 @@ func TestRedisTLSCAFile(t *testing.T) {
 	}
 	for _, path := range []string{"/nonexistent/ca.pem", writeFile(t, "junk.pem", "not a certificate")} {
 		r := runCmd(t, nil, "", "serve", "--listen=127.0.0.1:0", "--redis.addrs=127.0.0.1:1", "--redis.tls=true", "--redis.tls_ca_file="+path)
-		if r.code != 1 || !strings.Contains(r.stderr, "redis.tls_ca_file") {
-			t.Errorf("serve with CA file %s: status %d, stderr %q; want 1 and a message naming redis.tls_ca_file", path, r.code, r.stderr)
+		if r.code != 2 || !strings.HasPrefix(r.stderr, "llm-dedupe-proxy: invalid config: redis.tls_ca_file: ") {
+			t.Errorf("serve with CA file %s: status %d, stderr %q; want 2 and a configuration error naming redis.tls_ca_file", path, r.code, r.stderr)
 		}
 	}
 }

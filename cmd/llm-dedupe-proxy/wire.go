@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -89,7 +90,7 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		MaxResultTTL:      maxTTL,
 		MemoryMaxBytes:    cfg.Flight.MemoryMaxBytes,
 		AbandonGrace:      grace,
-		Observer:          &logObserver{next: m, log: logger},
+		Observer:          &logObserver{next: m, log: logger, addrs: cfg.Redis.Addrs},
 		Annotate:          proxy.AnnotateUsage,
 		InstanceID:        id,
 	}
@@ -221,8 +222,9 @@ func redisTLS(c RedisConfig) (*tls.Config, error) {
 
 // logObserver logs what an operator should see, and passes every event on to metrics.
 type logObserver struct {
-	next singleflight.Observer
-	log  *slog.Logger
+	next  singleflight.Observer
+	log   *slog.Logger
+	addrs []string // redis.addrs, named where Redis cannot be used
 }
 
 // flightGoneRunning is logged when a renewal or an append finds the flight gone from Redis
@@ -235,7 +237,7 @@ func (o *logObserver) Observe(e singleflight.Event) {
 	case singleflight.EventShardDown:
 		msg, level := degradedMessage(e.Err)
 		if e.Op == "" {
-			o.log.Log(context.Background(), level, msg, "err", e.Err)
+			o.log.Log(context.Background(), level, msg, "err", e.Err, "redis.addrs", o.addrs)
 		} else {
 			if level < slog.LevelError {
 				msg = "redis cluster shard unavailable: its keys get local-only dedupe until it answers or fails over"
@@ -299,8 +301,19 @@ func degradedMessage(err error) (string, slog.Level) {
 		return "redis TLS certificate not trusted: check redis.tls_ca_file and the server's certificate" + local, slog.LevelError
 	case errors.As(err, &record):
 		return "redis TLS handshake failed: does the server speak TLS? check redis.tls" + local, slog.LevelError
+	case notRedis(err):
+		return "the server at redis.addrs does not answer as Redis does (another service on that port?): check redis.addrs" + local, slog.LevelError
 	}
-	return "redis unavailable: serving with local-only dedupe until it answers", slog.LevelWarn
+	// Not a refusal: a Redis that is down or restarting, or an address where none listens.
+	return "redis unavailable: serving with local-only dedupe until it answers (each instance calls the upstream for its own requests); " +
+		"if it does not, check redis.addrs and that Redis runs there", slog.LevelWarn
+}
+
+// notRedis reports whether err is go-redis failing to read a reply as RESP: what another
+// kind of server (HTTP, most often) answers. go-redis gives these errors no type.
+func notRedis(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "redis: invalid reply") || strings.Contains(msg, "redis: can't parse")
 }
 
 func short(key string) string {

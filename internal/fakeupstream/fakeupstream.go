@@ -216,6 +216,7 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.Unmarshal(body, &req)
 	w.Header().Set("X-Request-Id", fmt.Sprintf("req_%d", n))
 	w.Header().Set("Openai-Processing-Ms", "7")
+	// A fixture, not a secret: the tests check that no cookie reaches a follower or a hit.
 	w.Header().Set("Set-Cookie", "session=secret")
 	ctx := r.Context()
 	wait := func(d time.Duration) bool {
