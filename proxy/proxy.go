@@ -37,6 +37,9 @@ type Recorder interface {
 	Upstream(ctx context.Context, route string, code int, d time.Duration)
 	Saved(route, model string, promptTokens, completionTokens int64)
 	WaitingAdd(delta int)
+	// Sampled counts a finished request that samples: what was done with it (HeaderSampled)
+	// and the role it was given. See ADR 0078.
+	Sampled(route, sampling, role string)
 }
 
 // Config configures a Proxy. Upstream, Flights and Hasher are required.
@@ -95,6 +98,17 @@ type Config struct {
 	// it any more, for requests that do not say otherwise (HeaderAbandoned). If false, such
 	// a call is cut after the Flights' grace. See ADR 0074.
 	FinishAbandoned bool
+	// Sampled is how requests that sample are shared and stored; the zero value is
+	// ShareInFlight. See ADR 0078.
+	Sampled SampledSharing
+	// SampledRetryWindow, under ShareInFlight, is how long a sampled request's answer is
+	// stored, and how old it may be when a client's retry is served it. If zero, 10s is
+	// used; negative: none is stored, and a retry after its call ended makes another.
+	SampledRetryWindow time.Duration
+	// ResultTTL is the Flights' own (singleflight.Options.ResultTTL), which a sampled
+	// request's answer never outlives: with zero, as there, an answer that no StoreRule
+	// keeps is not stored.
+	ResultTTL time.Duration
 }
 
 // DefaultPaths are the OpenAI routes whose identical requests give interchangeable answers.
@@ -139,6 +153,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.Paths == nil {
 		cfg.Paths = DefaultPaths
+	}
+	if cfg.SampledRetryWindow == 0 {
+		cfg.SampledRetryWindow = DefaultSampledRetryWindow
 	}
 	if cfg.Recorder == nil {
 		cfg.Recorder = nopRecorder{}
@@ -229,3 +246,4 @@ func (nopRecorder) Request(context.Context, string, string, int, time.Duration) 
 func (nopRecorder) Upstream(context.Context, string, int, time.Duration)        {}
 func (nopRecorder) Saved(string, string, int64, int64)                          {}
 func (nopRecorder) WaitingAdd(int)                                              {}
+func (nopRecorder) Sampled(string, string, string)                              {}
