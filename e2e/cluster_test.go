@@ -462,10 +462,11 @@ const (
 	apiKeyB   = "sk-e2e-tenant-b"
 )
 
-// chatBody is a chat request; the model names the scenario, so that an answer meant for
+// chatBody is a chat request that does not sample (temperature 0): its answer is stored
+// for later identical requests. The model names the scenario, so that an answer meant for
 // another request would show (the fake upstream echoes the model).
 func chatBody(model, prompt string) string {
-	return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}]}`, model, prompt)
+	return fmt.Sprintf(`{"model":%q,"temperature":0,"messages":[{"role":"user","content":%q}]}`, model, prompt)
 }
 
 // wantChat checks a unary chat answer: 200, exactly the fake's reply n for model (any n

@@ -18,10 +18,11 @@ import (
 )
 
 // readmeSections are the parts of README.md whose console examples a newcomer runs, each
-// in a shell of its own: with no API key, then two instances on one Redis, then the admin
-// API of a third, then traces of two more written to files. Each stands alone but for
-// the servers an earlier one started (the fake upstream, and Redis on 6379).
-var readmeSections = []string{"## Try it without an API key", "## Several instances", "### Admin API", "### Traces"}
+// in a shell of its own: with no API key, then sampled requests on the same instance,
+// then two instances on one Redis, then the admin API of a third, then traces of two more
+// written to files. Each stands alone but for the servers an earlier one started (the
+// fake upstream, and Redis on 6379).
+var readmeSections = []string{"## Try it without an API key", "### Sampled requests", "## Several instances", "### Admin API", "### Traces"}
 
 // readmePorts are the ports the README's examples use; the test gives each a free one.
 var readmePorts = []string{"6379", "8080", "8081", "8082", "8083", "8084", "8085", "9000", "9091"}

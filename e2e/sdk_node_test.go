@@ -20,7 +20,8 @@ import (
 const nodeSDK = "openai@6.49.0"
 
 // installNodeSDK installs the Node SDK into a fresh directory (never into the repository)
-// and returns the directory, with e2e/node/client.mjs copied in so that it finds the package.
+// and returns the directory, with the scripts of e2e/node copied in so that they find the
+// package.
 func installNodeSDK(t *testing.T) string {
 	t.Helper()
 	for _, tool := range []string{"node", "npm"} {
@@ -36,12 +37,18 @@ func installNodeSDK(t *testing.T) string {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("npm install %s failed (the npm registry must be reachable): %v\n%s", nodeSDK, err, out)
 	}
-	src, err := os.ReadFile(filepath.Join(repoRoot, "e2e", "node", "client.mjs"))
-	if err != nil {
-		t.Fatal(err)
+	scripts, err := filepath.Glob(filepath.Join(repoRoot, "e2e", "node", "*.mjs"))
+	if err != nil || len(scripts) == 0 {
+		t.Fatalf("no scripts in e2e/node (%v)", err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "client.mjs"), src, 0o644); err != nil {
-		t.Fatal(err)
+	for _, script := range scripts {
+		src, err := os.ReadFile(script)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(script)), src, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return dir
 }

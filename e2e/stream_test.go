@@ -14,9 +14,10 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/fakeupstream"
 )
 
-// streamBody is a streaming chat request that asks for usage in the stream.
+// streamBody is a streaming chat request that asks for usage in the stream and does not
+// sample (temperature 0).
 func streamBody(model, prompt string) string {
-	return fmt.Sprintf(`{"model":%q,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":%q}]}`, model, prompt)
+	return fmt.Sprintf(`{"model":%q,"temperature":0,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":%q}]}`, model, prompt)
 }
 
 // streamResult is what a streaming client received.

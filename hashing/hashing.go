@@ -45,13 +45,19 @@ type Request struct {
 	Model     string   // top-level "model", if a string
 	Stream    bool     // top-level "stream" is true
 	Folded    []string // names of the folding rules that changed the body, in rule order
+	// Temperature is top-level "temperature" if it is a number, in its canonical form
+	// ("0.7", "0"), "" if it is absent, null or not a number. Seed is whether top-level
+	// "seed" is present and not null. Whether a request samples is read from them.
+	Temperature string
+	Seed        bool
 }
 
 // Key returns the key of a request: method and path as the proxy received them (path
 // without the query string), the request's header for the scope, and the raw body. An error
 // wraps ErrInvalidJSON when body is not a single JSON object.
 //
-// Model and Stream are read from the body as sent, before any field is ignored.
+// Model, Stream, Temperature and Seed are read from the body as sent, before any field is
+// ignored.
 func (h *Hasher) Key(method, path string, header http.Header, body []byte) (Request, error) {
 	return h.KeyIn(Namespace{}, method, path, header, body)
 }
@@ -77,6 +83,12 @@ func (h *Hasher) KeyIn(ns Namespace, method, path string, header http.Header, bo
 	}
 	if v, _, ok := p.get(root, "stream"); ok && v.kind == kindTrue {
 		req.Stream = true
+	}
+	if v, _, ok := p.get(root, "temperature"); ok && v.kind == kindNumber {
+		req.Temperature = string(p.text(v))
+	}
+	if v, _, ok := p.get(root, "seed"); ok && v.kind != kindNull {
+		req.Seed = true
 	}
 	req.Folded = p.fold(root, path)
 

@@ -184,6 +184,38 @@ func TestRequestFields(t *testing.T) {
 	}
 }
 
+// TestSamplingFields: "temperature" is read if it is a number, in canonical form, and
+// "seed" if it is there and not null; even when the key leaves them out, neither is
+// read from a nested object.
+func TestSamplingFields(t *testing.T) {
+	tests := []struct {
+		body        string
+		temperature string
+		seed        bool
+	}{
+		{`{"messages":[]}`, "", false},
+		{`{"temperature":0.7}`, "0.7", false},
+		{`{"temperature":0.0,"seed":1}`, "0", true},
+		{`{"temperature":1E0,"seed":0}`, "1", true},
+		{`{"temperature":null,"seed":null}`, "", false},
+		{`{"temperature":"0","seed":"x"}`, "", true},
+		{`{"metadata":{"temperature":0,"seed":1}}`, "", false},
+	}
+	for _, ignore := range [][]string{nil, {"temperature", "seed"}} {
+		h := New(Options{IgnoreFields: ignore})
+		for _, tt := range tests {
+			got, err := h.Key("POST", "/v1/chat/completions", nil, []byte(tt.body))
+			if err != nil {
+				t.Fatalf("Key(%s): %v", tt.body, err)
+			}
+			if got.Temperature != tt.temperature || got.Seed != tt.seed {
+				t.Errorf("Key(%s) ignoring %q = temperature %q, seed %v; want %q, %v",
+					tt.body, ignore, got.Temperature, got.Seed, tt.temperature, tt.seed)
+			}
+		}
+	}
+}
+
 // TestSkipCanonical: a Hasher that skips the canonical text makes the same request, key
 // included, without it.
 func TestSkipCanonical(t *testing.T) {

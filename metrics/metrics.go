@@ -8,6 +8,8 @@
 //
 //   - route is the configured route path (for example "/v1/chat/completions") or a fixed
 //     name such as "passthrough", never the raw request URL;
+//   - sampled (sampled requests) is in_flight, retry, never or store, what the proxy did
+//     with a request that samples;
 //   - role is owner, follower, hit, bypass, rejected or unknown; code is the HTTP status as a decimal string,
 //     or "error" for an upstream call that got no response (transport error, timeout);
 //   - reason (takeovers) is one of expired, failed, shutdown, degraded, or "other" for a
@@ -20,8 +22,8 @@
 // # Wiring
 //
 // [New] registers everything on the Registerer it is given (never the global one), the
-// proxy handler calls [Metrics.Request], [Metrics.Upstream], [Metrics.Saved] and
-// [Metrics.WaitingAdd], [Metrics.CountOpen] wraps the proxy handler, and the singleflight Group is given the *Metrics as its Observer.
+// proxy handler calls [Metrics.Request], [Metrics.Upstream], [Metrics.Saved],
+// [Metrics.Sampled] and [Metrics.WaitingAdd], [Metrics.CountOpen] wraps the proxy handler, and the singleflight Group is given the *Metrics as its Observer.
 // A nil *Metrics is valid and records nothing, so tests and tools may leave it out.
 package metrics
 
@@ -115,6 +117,7 @@ type Metrics struct {
 	abandoned         *prometheus.CounterVec
 	abandonedBytes    prometheus.Counter
 	nearMisses        *prometheus.CounterVec
+	sampled           *prometheus.CounterVec
 
 	models modelSet
 
@@ -124,6 +127,7 @@ type Metrics struct {
 	savedSeries    series[string, prometheus.Counter] // by route
 	tokenSeries    series[tokenLabels, prometheus.Counter]
 	roleSeries     series[singleflight.Role, prometheus.Counter]
+	sampledSeries  series[sampledLabels, prometheus.Counter]
 }
 
 type requestLabels struct {
@@ -285,7 +289,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name:      "near_miss_requests_total",
 			Help:      "POST requests passed through, not deduplicated, whose path ends like the deduplicated route (/chat/completions for /v1/chat/completions): most often a client whose base URL lacks /v1.",
 		}, []string{"route"}),
-		models: modelSet{max: MaxModels},
+		sampled: newSampledCounter(),
+		models:  modelSet{max: MaxModels},
 	}
 	for _, o := range abandonOutcomes {
 		m.abandoned.WithLabelValues(o)
@@ -308,7 +313,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.savedRequests, m.savedTokens, m.waiting, m.open,
 		m.inflight, m.roles, m.takeovers, m.leaseLost, m.fencedWrites,
 		m.heartbeatFailures, m.redisErrors, m.degraded, m.followerWait,
-		m.purges, m.invalidations, m.abandoned, m.abandonedBytes, m.nearMisses,
+		m.purges, m.invalidations, m.abandoned, m.abandonedBytes, m.nearMisses, m.sampled,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

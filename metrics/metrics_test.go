@@ -66,6 +66,7 @@ func TestLint(t *testing.T) {
 	m.Request(context.Background(), "/v1/chat/completions", "owner", 200, time.Second)
 	m.Upstream(context.Background(), "/v1/chat/completions", 0, time.Second)
 	m.Saved("/v1/chat/completions", "gpt-4o", 10, 5)
+	m.Sampled("/v1/chat/completions", "in_flight", "owner")
 	m.WaitingAdd(1)
 	for _, e := range []singleflight.Event{
 		{Kind: singleflight.EventRole, Role: singleflight.RoleOwner},
@@ -101,7 +102,7 @@ func TestLint(t *testing.T) {
 			}
 		}
 	}
-	if want := 22; ours != want {
+	if want := 23; ours != want {
 		t.Errorf("got %d llm_dedupe_ families; want %d", ours, want)
 	}
 }
@@ -336,6 +337,7 @@ func TestNilMetrics(t *testing.T) {
 	m.Request(context.Background(), "/v1/chat/completions", "owner", 200, time.Second)
 	m.Upstream(context.Background(), "/v1/chat/completions", 200, time.Second)
 	m.Saved("/v1/chat/completions", "gpt-4o", 1, 1)
+	m.Sampled("/v1/chat/completions", "retry", "hit")
 	m.WaitingAdd(1)
 	m.Observe(singleflight.Event{Kind: singleflight.EventDegraded})
 }
@@ -377,6 +379,7 @@ func TestRecordingDoesNotAllocate(t *testing.T) {
 		m.Request(context.Background(), "/v1/chat/completions", "hit", 200, time.Millisecond)
 		m.Upstream(context.Background(), "/v1/chat/completions", 200, time.Millisecond)
 		m.Saved("/v1/chat/completions", "gpt-4o", 11, 7)
+		m.Sampled("/v1/chat/completions", "retry", "hit")
 		m.Observe(singleflight.Event{Kind: singleflight.EventRole, Role: singleflight.RoleHit})
 	}
 	record()
@@ -386,6 +389,9 @@ func TestRecordingDoesNotAllocate(t *testing.T) {
 	// The same series as the vectors make: one per label set used, with its count.
 	if got := testutil.ToFloat64(m.requests.WithLabelValues("/v1/chat/completions", "hit", "200")); got != float64(calls) {
 		t.Errorf("requests_total = %v; want %d", got, calls)
+	}
+	if got := testutil.ToFloat64(m.sampled.WithLabelValues("/v1/chat/completions", "retry", "hit")); got != float64(calls) {
+		t.Errorf("sampled_requests_total = %v; want %d", got, calls)
 	}
 	if got := testutil.ToFloat64(m.savedTokens.WithLabelValues("gpt-4o", "completion")); got != float64(calls*7) {
 		t.Errorf("saved completion tokens = %v; want %d", got, calls*7)

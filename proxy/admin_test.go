@@ -167,7 +167,7 @@ func TestAdminPurgeAnswer(t *testing.T) {
 			up := startUpstream(t)
 			a, b, ev := pair(t, up, rs, singleflight.Options{ResultTTL: time.Minute})
 			const path = "/v1/chat/completions"
-			body := `{"model":"m","messages":[{"role":"user","content":"purge ` + name + `"}]}`
+			body := `{"model":"m","temperature":0,"messages":[{"role":"user","content":"purge ` + name + `"}]}`
 			first := post(t, a.URL, path, body)
 			if role := first.header.Get("X-Dedupe-Role"); role != "owner" {
 				t.Fatalf("first: role %q", role)
@@ -200,7 +200,7 @@ func TestNamespaces(t *testing.T) {
 			up := startUpstream(t)
 			a, b, ev := pair(t, up, rs, singleflight.Options{ResultTTL: time.Minute})
 			const path = "/v1/chat/completions"
-			body := `{"model":"m","messages":[{"role":"user","content":"ns ` + name + `"}]}`
+			body := `{"model":"m","temperature":0,"messages":[{"role":"user","content":"ns ` + name + `"}]}`
 			role := func(in *instance, ns string) string {
 				t.Helper()
 				var hdr []string

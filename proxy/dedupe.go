@@ -34,7 +34,7 @@ func (p *Proxy) dedupe(route string) http.HandlerFunc {
 			return
 		}
 		req, cc, ok := p.keyOf(w, r, body)
-		if !ok {
+		if !ok || !p.applySampling(w, r, p.samplingOf(route, req, r.Header), body, &cc, st) {
 			return
 		}
 		st.info.key = req.Key
@@ -80,7 +80,7 @@ func (p *Proxy) join(w http.ResponseWriter, r *http.Request, route string, req h
 	info, ho := &st.info, &st.ho
 	ho.wait.Context = r.Context()
 	defer ho.close()
-	fn := p.ownerFunc(route, req, r, body, p.storePolicy(route, req.Model, cc.noStore), ho)
+	fn := p.ownerFunc(route, req, r, body, p.storePolicy(route, req.Model, cc), ho)
 	inline := !req.Stream
 	if inline {
 		ho.inlineW, ho.inlineKey = w, req.Key

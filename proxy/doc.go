@@ -31,7 +31,10 @@
 //
 // The request's Cache-Control (no-cache, no-store, max-age), the [StoreRule]s and the
 // upstream's status decide what may be served from storage, shared, stored or retried
-// (policy.go). Answers that ask the client to call a tool may be shared and not stored.
+// (policy.go). Answers that ask the client to call a tool may be shared and not stored. A
+// request that samples (sampled.go: temperature absent or above 0, no seed) shares a call in
+// flight but is served no stored answer, but a client's retry ([HeaderRetryCount]); or, as
+// [Config.Sampled] says, is handled like any other, or goes straight upstream.
 //
 // # The flight
 //

@@ -85,11 +85,12 @@ func newInstance(t testing.TB, up *upstream, s setup) *instance {
 	}
 	target, _ := url.Parse(base)
 	cfg := proxy.Config{
-		Upstream: target,
-		Flights:  g,
-		Hasher:   hashing.New(hashing.Options{IgnoreFields: []string{"user"}, SkipCanonical: true}),
-		Recorder: m,
-		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Upstream:  target,
+		ResultTTL: o.ResultTTL,
+		Flights:   g,
+		Hasher:    hashing.New(hashing.Options{IgnoreFields: []string{"user"}, SkipCanonical: true}),
+		Recorder:  m,
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	if s.proxy != nil {
 		s.proxy(&cfg)
@@ -162,7 +163,7 @@ func roles(as []answer) map[string]int {
 	return m
 }
 
-const chatBody = `{"model":"gpt-test","messages":[{"role":"user","content":"hello"}]}`
+const chatBody = `{"model":"gpt-test","temperature":0,"messages":[{"role":"user","content":"hello"}]}`
 
 type fakeBehavior = fakeupstream.Behavior
 

@@ -64,6 +64,9 @@ func (p *Proxy) finish(route string, r *http.Request, ww *statusWriter, info *re
 	if route != "passthrough" {
 		p.cfg.Recorder.Request(r.Context(), route, info.role, status, d)
 	}
+	if info.sampled != "" {
+		p.cfg.Recorder.Sampled(route, string(info.sampled), info.role)
+	}
 	if p.cfg.Logger.Enabled(r.Context(), slog.LevelInfo) { // else its attributes need not be made
 		p.logRequest(r, route, info, status, d)
 	}
@@ -86,6 +89,9 @@ func (p *Proxy) logRequest(r *http.Request, route string, info *requestInfo, sta
 	if len(info.key) >= 12 {
 		attrs = append(attrs, slog.String("key", info.key[:12]))
 	}
+	if info.sampled != "" {
+		attrs = append(attrs, slog.String("sampled", string(info.sampled)))
+	}
 	if info.broken {
 		attrs = append(attrs, slog.Bool("interrupted", true))
 	}
@@ -97,8 +103,9 @@ func (p *Proxy) logRequest(r *http.Request, route string, info *requestInfo, sta
 
 // requestInfo is what the handler learnt, for the request's log line.
 type requestInfo struct {
-	role string
-	key  string
+	role    string
+	key     string
+	sampled sampling // what was done with a request that samples (ADR 0078)
 	// What a traced request's span says (ADR 0061): set only when tracing is on.
 	model, namespace string
 	origin           string // singleflight.Head.Origin of its answer

@@ -61,9 +61,10 @@ type storing struct {
 }
 
 // storePolicy is the storing of a request: the first StoreRule that matches decides the
-// TTL (0: not stored), then the client's no-store. See ADR 0049.
-func (p *Proxy) storePolicy(route, model string, noStore bool) storing {
-	s := storing{noStore: noStore, noToolCalls: p.cfg.NoStoreToolCalls}
+// TTL (0: not stored), then the client's no-store, then, for a request that samples, the
+// retry window (ADRs 0049, 0078).
+func (p *Proxy) storePolicy(route, model string, cc controls) storing {
+	s := storing{noStore: cc.noStore, noToolCalls: p.cfg.NoStoreToolCalls}
 	for _, r := range p.cfg.StoreRules {
 		if r.matches(route, model) {
 			if r.TTL == 0 {
@@ -72,6 +73,10 @@ func (p *Proxy) storePolicy(route, model string, noStore bool) storing {
 			s.ttl = r.TTL
 			break
 		}
+	}
+	if cc.sampled && !s.noStore {
+		s.ttl = p.sampledTTL(s.ttl)
+		s.noStore = s.ttl <= 0
 	}
 	return s
 }
@@ -112,6 +117,7 @@ type controls struct {
 	noCache, noStore bool
 	maxAge           time.Duration // > 0: a stored answer no older than this
 	finish           bool          // the call runs to its end even when nobody waits (ADR 0074)
+	sampled          bool          // the answer is stored at most the retry window (ADR 0078)
 }
 
 // finishAbandoned reads HeaderAbandoned, def when it is absent; false ok for a value that

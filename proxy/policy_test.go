@@ -21,7 +21,7 @@ func TestMaxAgeHeader(t *testing.T) {
 			up := startUpstream(t)
 			in := newInstance(t, up, setup{redis: rs, flight: singleflight.Options{ResultTTL: time.Minute}})
 			const path = "/v1/chat/completions"
-			body := `{"model":"m","messages":[{"role":"user","content":"max-age ` + name + `"}]}`
+			body := `{"model":"m","temperature":0,"messages":[{"role":"user","content":"max-age ` + name + `"}]}`
 			steps := []struct {
 				cc        string
 				wantRole  string
@@ -97,7 +97,7 @@ func TestStoreRules(t *testing.T) {
 				{"/v1/responses", "gpt", true, time.Hour}, // no rule: the default
 			}
 			for _, c := range cases {
-				body := `{"model":"` + c.model + `","input":"` + name + `"}`
+				body := `{"model":"` + c.model + `","temperature":0,"input":"` + name + `"}`
 				first := post(t, in.URL, c.path, body)
 				again := post(t, in.URL, c.path, body)
 				if got := again.header.Get("X-Dedupe-Role") == "hit"; got != c.stored {
@@ -148,7 +148,7 @@ func TestToolCallsPolicy(t *testing.T) {
 				in := newInstance(t, nil, setup{redis: rs, base: srv.URL, flight: singleflight.Options{ResultTTL: time.Minute},
 					proxy: func(c *proxy.Config) { c.NoStoreToolCalls = noStore }})
 				for _, q := range []string{"unary", "stream", "plain"} {
-					body := `{"model":"m","stream":` + map[bool]string{false: "false", true: "true"}[q == "stream"] +
+					body := `{"model":"m","temperature":0,"stream":` + map[bool]string{false: "false", true: "true"}[q == "stream"] +
 						`,"messages":[{"role":"user","content":"` + name + `"}]}`
 					path := "/v1/chat/completions?" + q + "=" + map[bool]string{false: "1", true: "2"}[noStore]
 					before := calls.Load()
@@ -182,7 +182,7 @@ func TestControlHeaders(t *testing.T) {
 				{"bypass goes straight upstream", []string{"X-Dedupe-Bypass", "1"}, "bypass", 3},
 				{"the stored answer is still served", nil, "hit", 3},
 			}
-			body := `{"model":"m","messages":[{"role":"user","content":"` + name + `"}]}`
+			body := `{"model":"m","temperature":0,"messages":[{"role":"user","content":"` + name + `"}]}`
 			for _, s := range steps {
 				a := post(t, in.URL, path, body, s.hdr...)
 				if a.status != 200 || a.header.Get("X-Dedupe-Role") != s.wantRole || up.Calls() != s.wantCalls {
@@ -190,7 +190,7 @@ func TestControlHeaders(t *testing.T) {
 				}
 			}
 			// no-store: answered, not stored.
-			nsBody := `{"model":"m","messages":[{"role":"user","content":"no-store ` + name + `"}]}`
+			nsBody := `{"model":"m","temperature":0,"messages":[{"role":"user","content":"no-store ` + name + `"}]}`
 			before := up.Calls()
 			post(t, in.URL, path, nsBody, "Cache-Control", "no-store")
 			if a := post(t, in.URL, path, nsBody); a.header.Get("X-Dedupe-Role") != "owner" || up.Calls() != before+2 {
@@ -236,7 +236,7 @@ func TestOutcomePolicy(t *testing.T) {
 			up.Set(fakeBehavior{Hold: true, Fail: tc.fail, RetryAfter: "7"})
 			s := setup{redis: rs, flight: singleflight.Options{ResultTTL: time.Minute}}
 			ins := []*instance{newInstance(t, up, s), newInstance(t, up, s)}
-			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}]}`, tc.name)
+			body := fmt.Sprintf(`{"model":"m","temperature":0,"messages":[{"role":"user","content":%q}]}`, tc.name)
 			done := make(chan []answer)
 			go func() { done <- burst(t, ins, 3, "/v1/chat/completions", body) }()
 			waitWaiting(t, ins, 3)

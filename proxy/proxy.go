@@ -40,6 +40,9 @@ type Recorder interface {
 	// NearMiss counts a POST passed through whose path ends like the deduplicated route
 	// (nearmiss.go).
 	NearMiss(route string)
+	// Sampled counts a finished request that samples: what was done with it (HeaderSampled)
+	// and the role it was given. See ADR 0078.
+	Sampled(route, sampling, role string)
 }
 
 // Config configures a Proxy. Upstream, Flights and Hasher are required.
@@ -98,6 +101,17 @@ type Config struct {
 	// it any more, for requests that do not say otherwise (HeaderAbandoned). If false, such
 	// a call is cut after the Flights' grace. See ADR 0074.
 	FinishAbandoned bool
+	// Sampled is how requests that sample are shared and stored; the zero value is
+	// ShareInFlight. See ADR 0078.
+	Sampled SampledSharing
+	// SampledRetryWindow, under ShareInFlight, is how long a sampled request's answer is
+	// stored, and how old it may be when a client's retry is served it. If zero, 10s is
+	// used; negative: none is stored, and a retry after its call ended makes another.
+	SampledRetryWindow time.Duration
+	// ResultTTL is the Flights' own (singleflight.Options.ResultTTL), which a sampled
+	// request's answer never outlives: with zero, as there, an answer that no StoreRule
+	// keeps is not stored.
+	ResultTTL time.Duration
 }
 
 // DefaultPaths are the OpenAI routes whose identical requests give interchangeable answers.
@@ -143,6 +157,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.Paths == nil {
 		cfg.Paths = DefaultPaths
+	}
+	if cfg.SampledRetryWindow == 0 {
+		cfg.SampledRetryWindow = DefaultSampledRetryWindow
 	}
 	if cfg.Recorder == nil {
 		cfg.Recorder = nopRecorder{}
@@ -236,3 +253,4 @@ func (nopRecorder) Upstream(context.Context, string, int, time.Duration)        
 func (nopRecorder) Saved(string, string, int64, int64)                          {}
 func (nopRecorder) WaitingAdd(int)                                              {}
 func (nopRecorder) NearMiss(string)                                             {}
+func (nopRecorder) Sampled(string, string, string)                              {}

@@ -18,7 +18,7 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
-const streamBody = `{"model":"gpt-test","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"stream please"}]}`
+const streamBody = `{"model":"gpt-test","temperature":0,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"stream please"}]}`
 
 // sseClient is a streaming request whose events are read as they arrive.
 type sseClient struct {
@@ -275,7 +275,7 @@ func TestIncompleteResponsesStreamNotStored(t *testing.T) {
 			}))
 			defer up.Close()
 			in := newInstance(t, nil, setup{base: up.URL, flight: singleflight.Options{ResultTTL: time.Minute}})
-			body := `{"model":"m","stream":true,"input":"hi"}`
+			body := `{"model":"m","temperature":0,"stream":true,"input":"hi"}`
 			post(t, in.URL, "/v1/responses", body)
 			a := post(t, in.URL, "/v1/responses", body)
 			wantStored := last == "response.completed"

@@ -96,7 +96,7 @@ func spansNamed(rec *spanLog, prefix string) []sdktrace.ReadOnlySpan {
 // links to that call, whichever instance served it, and none reuses its span ID.
 func TestEveryAnswerLinksToTheCallThatMadeIt(t *testing.T) {
 	bodies := map[string]string{"unary": chatBody,
-		"stream": `{"model":"gpt-test","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hello"}]}`}
+		"stream": `{"model":"gpt-test","temperature":0,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hello"}]}`}
 	for name, rs := range backends(t) {
 		for kind, body := range bodies {
 			t.Run(name+"/"+kind, func(t *testing.T) { linksToTheCall(t, rs, body) })

@@ -21,8 +21,8 @@ func TestSavedTokensOfHits(t *testing.T) {
 	}{
 		{"chat", "/v1/chat/completions", chatBody, 11, 7},
 		{"chat stream", "/v1/chat/completions", streamBody, 11, 5},
-		{"responses", "/v1/responses", `{"model":"gpt-test","input":"hello"}`, 11, 7},
-		{"responses stream", "/v1/responses", `{"model":"gpt-test","stream":true,"input":"hello"}`, 11, 5},
+		{"responses", "/v1/responses", `{"model":"gpt-test","temperature":0,"input":"hello"}`, 11, 7},
+		{"responses stream", "/v1/responses", `{"model":"gpt-test","temperature":0,"stream":true,"input":"hello"}`, 11, 5},
 	} {
 		for _, annotate := range []bool{true, false} {
 			for _, backend := range []string{"memory", "redis"} {

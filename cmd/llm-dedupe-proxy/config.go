@@ -2,6 +2,8 @@ package main
 
 import (
 	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 )
 
 // Config is the whole configuration of the binary. It is filled by load (defaults < YAML file <
@@ -83,9 +85,12 @@ type HashingConfig struct {
 	IgnoreFields []string `mapstructure:"ignore_fields" help:"top-level body fields left out of the request key"`
 }
 
-// DedupeConfig lists the routes whose POST requests are deduplicated.
+// DedupeConfig lists the routes whose POST requests are deduplicated, and how requests that
+// sample are (proxy.ParseSampledSharing reads Sampled).
 type DedupeConfig struct {
-	Paths []string `mapstructure:"paths" help:"routes whose POST requests are deduplicated"`
+	Paths              []string      `mapstructure:"paths" help:"routes whose POST requests are deduplicated"`
+	Sampled            string        `mapstructure:"sampled" help:"requests that sample (temperature absent or above 0, no seed): in_flight shares a call while it runs, its answer served later only to a client's retry; store, like any other; never, each its own call"`
+	SampledRetryWindow time.Duration `mapstructure:"sampled_retry_window" help:"under in_flight, how long a sampled answer is kept for a client's retry of its call (X-Stainless-Retry-Count 1 or more); 0 keeps none"`
 }
 
 // StoreConfig is what is stored of answers beyond flight.result_ttl: rules per route and
@@ -141,9 +146,13 @@ func defaultConfig() Config {
 		},
 		Limits:  LimitsConfig{MaxBodyBytes: 10 << 20, BodyReadTimeout: 30 * time.Second, SendTimeout: 60 * time.Second, MaxResponseBytes: 64 << 20},
 		Hashing: HashingConfig{Scope: "credential", IgnoreFields: []string{"user"}},
-		Dedupe: DedupeConfig{Paths: []string{
-			"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
-		}},
+		Dedupe: DedupeConfig{
+			Paths: []string{
+				"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+			},
+			Sampled:            "in_flight",
+			SampledRetryWindow: proxy.DefaultSampledRetryWindow,
+		},
 		Store:           StoreConfig{Rules: []string{}, ToolCalls: true},
 		Log:             LogConfig{Level: "info", Format: "json"},
 		ShutdownTimeout: 30 * time.Second,

@@ -71,7 +71,7 @@ func TestTryWithoutAKey(t *testing.T) {
 		bases = append(bases, base)
 	}
 
-	const body = `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hi"}]}`
+	const body = `{"model":"gpt-4o-mini","temperature":0,"messages":[{"role":"user","content":"Say hi"}]}`
 	post := func(base string) (role, answer string) {
 		res, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
 		if err != nil {

@@ -30,14 +30,14 @@ func TestWhichAnswersCarryARole(t *testing.T) {
 		role                             string // "" for none
 		key                              bool
 	}{
-		{"an owner", "POST", chat, `{"n":1}`, "", 200, "owner", true},
-		{"a hit", "POST", chat, `{"n":1}`, "", 200, "hit", true},
+		{"an owner", "POST", chat, `{"n":1,"temperature":0}`, "", 200, "owner", true},
+		{"a hit", "POST", chat, `{"n":1,"temperature":0}`, "", 200, "hit", true},
 		{"an upstream error", "POST", chat + "?fail", `{"n":2}`, "", 500, "owner", true},
-		{"a bypass", "POST", chat, `{"n":1}`, "X-Dedupe-Bypass: 1", 200, "bypass", false},
+		{"a bypass", "POST", chat, `{"n":1,"temperature":0}`, "X-Dedupe-Bypass: 1", 200, "bypass", false},
 		{"another route", "GET", "/v1/models", "", "", 200, "", false},
 		{"another method on a deduplicated route", "GET", chat, "", "", 200, "", false},
 		{"a body that is not JSON", "POST", chat, `{"n":`, "", 400, "", false},
-		{"a bad namespace", "POST", chat, `{"n":1}`, "X-Dedupe-Namespace: a b", 400, "", false},
+		{"a bad namespace", "POST", chat, `{"n":1,"temperature":0}`, "X-Dedupe-Namespace: a b", 400, "", false},
 		{"a body too large", "POST", chat, `{"n":"` + strings.Repeat("x", 200) + `"}`, "", 413, "", false},
 		{"a dot segment", "GET", "/v1/%2e%2e/admin", "", "", 400, "", false},
 		{"the proxy's own endpoint", "GET", "/healthz", "", "", 200, "", false},

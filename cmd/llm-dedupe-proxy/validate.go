@@ -160,6 +160,12 @@ func validate(cfg Config) error {
 			c.fail("dedupe.paths", "each path must be a plain path, without a query, %%-escapes or . and .. segments, got %q", p)
 		}
 	}
+	if _, err := proxy.ParseSampledSharing(cfg.Dedupe.Sampled); err != nil {
+		c.fail("dedupe.sampled", "must be in_flight, store or never, got %q", cfg.Dedupe.Sampled)
+	}
+	if w := cfg.Dedupe.SampledRetryWindow; w != 0 {
+		c.redisTTL("dedupe.sampled_retry_window", w) // 0 is allowed: keep none
+	}
 
 	for _, r := range cfg.Store.Rules {
 		if _, err := proxy.ParseStoreRule(r); err != nil {

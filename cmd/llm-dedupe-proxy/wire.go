@@ -73,6 +73,14 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 	if grace == 0 {
 		grace = -1 // configured as none: cut at once
 	}
+	sampled, err := proxy.ParseSampledSharing(cfg.Dedupe.Sampled)
+	if err != nil {
+		return nil, err
+	}
+	window := cfg.Dedupe.SampledRetryWindow
+	if window == 0 {
+		window = -1 // configured as none: the proxy reads zero as "default"
+	}
 	opts := singleflight.Options{
 		KeyPrefix:         cfg.Redis.KeyPrefix,
 		HeartbeatInterval: cfg.Flight.HeartbeatInterval,
@@ -130,8 +138,11 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 		Logger:     logger,
 		StoreRules: rules,
 		// Stored by default: see ADR 0049.
-		NoStoreToolCalls: !cfg.Store.ToolCalls,
-		FinishAbandoned:  cfg.Flight.Abandoned == "finish",
+		NoStoreToolCalls:   !cfg.Store.ToolCalls,
+		FinishAbandoned:    cfg.Flight.Abandoned == "finish",
+		Sampled:            sampled,
+		SampledRetryWindow: window,
+		ResultTTL:          cfg.Flight.ResultTTL,
 	})
 	if err != nil {
 		return nil, err

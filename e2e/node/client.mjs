@@ -5,7 +5,8 @@
 // Usage: node client.mjs '{"bases":["http://127.0.0.1:PORT/v1",...],"apiKey":"sk-...","model":"m","perBase":2}'
 //
 // For each kind (chat, streamed chat with usage, embeddings) it sends perBase identical
-// requests to every base URL at once, with no retries of the SDK's own.
+// requests to every base URL at once, with no retries of the SDK's own; the chat requests
+// do not sample (temperature 0), so that one sent after the call ended is a hit.
 import OpenAI from "openai";
 
 const cfg = JSON.parse(process.argv[2]);
@@ -25,7 +26,7 @@ function headers(response) {
 
 async function chat(client) {
   const { data, response } = await client.chat.completions
-    .create({ model: cfg.model, messages: [{ role: "user", content: "Say hi from the Node SDK" }] })
+    .create({ model: cfg.model, temperature: 0, messages: [{ role: "user", content: "Say hi from the Node SDK" }] })
     .withResponse();
   return { raw: JSON.stringify(data), id: data.id, content: data.choices[0].message.content, usage: data.usage, ...headers(response) };
 }
@@ -34,6 +35,7 @@ async function stream(client) {
   const { data, response } = await client.chat.completions
     .create({
       model: cfg.model,
+      temperature: 0,
       messages: [{ role: "user", content: "Stream hi from the Node SDK" }],
       stream: true,
       stream_options: { include_usage: true },

@@ -46,6 +46,7 @@ func TestWrongValuesFailAtInstall(t *testing.T) {
 		{"log level", `config.log.level="verbose"`, "level"},
 		{"hashing scope", `config.hashing.scope="tenant"`, "scope"},
 		{"deduplicated path not a path", `config.dedupe.paths=["v1/chat/completions"]`, "paths"},
+		{"sampled sharing misspelt", `config.dedupe.sampled="inflight"`, "sampled"},
 		{"listen set in config", `config.listen=":9000"`, "listen"},
 		{"api key in config", `config.upstream.api_key="sk-x"`, "api_key"},
 		{"redis address in config", `config.redis.addrs=["r:6379"]`, "addrs"},
