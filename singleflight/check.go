@@ -35,11 +35,6 @@ func (r *remote) check(ctx context.Context) error {
 	return nil
 }
 
-// usableScript writes and publishes as the proxy's scripts do: a PING is answered by servers
-// that refuse them. See ADR 0022.
-var usableScript = redis.NewScript(`redis.call('PUBLISH', KEYS[1], '')
-return redis.call('PEXPIRE', KEYS[1], 1)`)
-
 // usable runs usableScript on a key the proxy's ACL covers; an absent key is left so.
 func (r *remote) usable(ctx context.Context, c redis.Scripter) error {
 	return usableScript.Run(ctx, c, []string{r.probeKey()}).Err()

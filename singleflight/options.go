@@ -21,6 +21,9 @@ type Options struct {
 	LeaseTTL time.Duration
 	// TakeoverJitter bounds the random wait before a takeover. If zero, 500ms; negative: none.
 	TakeoverJitter time.Duration
+	// Jitter, if set, draws each takeover's wait in [0, max), so that a seeded source replays
+	// a schedule (the simulator, singleflight/sim). If nil, math/rand/v2 draws it.
+	Jitter func(max time.Duration) time.Duration
 	// MaxAttempts of upstream calls per flight. If zero, 3 is used.
 	MaxAttempts int
 	// ResultTTL keeps Store outcomes for later identical requests. Zero stores nothing.

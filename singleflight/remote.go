@@ -34,6 +34,8 @@ var (
 	unwaitSrc string
 	//go:embed lua/wake.lua
 	wakeSrc string
+	//go:embed lua/usable.lua
+	usableSrc string
 
 	lookupScript   = redis.NewScript(wakeSrc + lookupSrc)
 	claimScript    = redis.NewScript(wakeSrc + claimSrc)
@@ -43,6 +45,7 @@ var (
 	failScript     = redis.NewScript(wakeSrc + restoreSrc + failSrc)
 	incrScript     = redis.NewScript(incrSrc)
 	unwaitScript   = redis.NewScript(unwaitSrc)
+	usableScript   = redis.NewScript(usableSrc) // writes and publishes as the others do (ADR 0022)
 )
 
 // seqTTL keeps owner-seq from living forever; tokens stay unique without it (ADR 0002).
@@ -62,10 +65,13 @@ type remote struct {
 	// recheckEvery, if set, caps a follower's wait between looks (tests).
 	recheckEvery time.Duration
 
-	seqMu           sync.Mutex
+	// seqLock guards seqNext, seqEnd and seqDownUntil. It is held across a Redis round
+	// trip, so it is a channel: a wait on it blocks durably in a synctest bubble, where a
+	// sync.Mutex wait would stop the simulator's clock (singleflight/sim).
+	seqLock         chan struct{}
 	seqNext, seqEnd int64 // the reserved block of owner-seq numbers not used yet: [next, end]
 
-	mu           sync.Mutex      // guards down, suspect, verdict, hung, recovered, probing (seqDownUntil: seqMu), and changes of suspects and Group.degraded
+	mu           sync.Mutex      // guards down, suspect, verdict, hung, recovered, probing (seqDownUntil: seqLock), and changes of suspects and Group.degraded
 	down         map[string]bool // shards (see shard) that failed and are not answering yet
 	suspect      map[string]bool // shards whose timeout is being confirmed (see confirm)
 	suspects     atomic.Int32    // len(suspect), read without the lock on every lookup
@@ -78,7 +84,7 @@ type remote struct {
 
 func newRemote(g *Group) *remote {
 	r := &remote{g: g, rdb: g.opts.Redis, down: map[string]bool{}, suspect: map[string]bool{}, hung: map[string]bool{},
-		verdict: make(chan struct{})}
+		verdict: make(chan struct{}), seqLock: make(chan struct{}, 1)}
 	r.wake, r.renewer = newWakeHub(r), newRenewer(r)
 	r.batch.r = r
 	return r
@@ -121,8 +127,8 @@ func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptio
 // newToken returns a fencing token "seq-instance-local", unique even while owner-seq
 // cannot be reached (ADR 0002).
 func (r *remote) newToken(ctx context.Context) string {
-	r.seqMu.Lock()
-	defer r.seqMu.Unlock()
+	r.seqLock <- struct{}{}
+	defer func() { <-r.seqLock }()
 	// While owner-seq's shard is degraded, tokens go on with the last number reserved: no
 	// caller waits on a shard the probe watches (ADR 0056).
 	if (r.seqNext == 0 || r.seqNext > r.seqEnd) && time.Now().After(r.seqDownUntil) && !r.degradedAt(r.seqKey()) {

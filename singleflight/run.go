@@ -84,6 +84,9 @@ func (g *Group) jitter(ctx context.Context) bool {
 	if g.opts.TakeoverJitter <= 0 {
 		return ctx.Err() == nil
 	}
+	if g.opts.Jitter != nil {
+		return sleep(ctx, g.opts.Jitter(g.opts.TakeoverJitter))
+	}
 	return sleep(ctx, rand.N(g.opts.TakeoverJitter))
 }
 
