@@ -1,0 +1,141 @@
+package sim
+
+import "time"
+
+// stories are the scenarios TestStories keeps as golden timelines. Their times are odd
+// milliseconds, off the grid of the package's own timers (heartbeats, lease ends, the
+// 250 ms polls): two events at one virtual instant run in either order, and a story must
+// tell one.
+func stories() []story {
+	every := func(p plan) func(string, int) plan { return func(string, int) plan { return p } }
+	stream := map[string]keySpec{"k1": {stream: true}}
+	unary := map[string]keySpec{"k1": {}}
+	return []story{
+		{
+			name: "owner-killed-follower-has-bytes",
+			about: `Instance A owns a streamed flight and is killed mid-stream; B's client already has bytes.
+What does B's client get, and when? It keeps what it has, then an error, never bytes of
+another call. B looks a lease after A's last renewal, and makes no call: nobody there
+could use one (ADR 0026).`,
+			cfg: config{seed: 1, instances: 2, keys: stream, plans: every(plan{chunks: 8, gap: 450 * time.Millisecond})},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 103 * time.Millisecond, on: "B", key: "k1"})
+				w.kill(1213*time.Millisecond, "A")
+			},
+			settle: 10 * time.Second,
+		},
+		{
+			name: "owner-killed-follower-has-none",
+			about: `Instance A owns a streamed flight whose first bytes are slow, and is killed before they
+come; B's client has nothing yet. B looks a lease after A's last renewal, finds the lease
+run out, waits the jitter, claims attempt 2 and calls; its client reads that call whole.`,
+			cfg: config{seed: 1, instances: 2, keys: stream, plans: every(plan{chunks: 3, gap: 1900 * time.Millisecond})},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 103 * time.Millisecond, on: "B", key: "k1"})
+				w.kill(1307*time.Millisecond, "A")
+			},
+			settle: 10 * time.Second,
+		},
+		{
+			name: "follower-takes-over-a-failed-attempt",
+			about: `The upstream answers A's call 500. A's client gets its own 500 at once (ADR 0025); the
+failed entry wakes B's follower, which waits the jitter and claims attempt 2 (ADR 0003).
+A's other client, which waits too, follows B's call.`,
+			cfg: config{seed: 2, instances: 2, keys: unary, plans: func(_ string, n int) plan {
+				if n == 1 {
+					return plan{chunks: 1, gap: 300 * time.Millisecond, fail: "500"}
+				}
+				return plan{chunks: 2, gap: 700 * time.Millisecond}
+			}},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 51 * time.Millisecond, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 103 * time.Millisecond, on: "B", key: "k1"})
+			},
+			settle: 5 * time.Second,
+		},
+		{
+			name: "follower-calls-when-its-instance-loses-redis",
+			about: `B follows A's call and is cut off from Redis. Its look cannot be answered; its client
+has no bytes, so once the lease B knew of has run out B calls the upstream itself,
+local-only (ADRs 0022, 0023). A's call goes on for A's client: two calls, a fault's cost.`,
+			cfg: config{seed: 3, instances: 2, keys: stream, plans: every(plan{chunks: 2, gap: 2900 * time.Millisecond})},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 103 * time.Millisecond, on: "B", key: "k1"})
+				w.partition(709*time.Millisecond, 20017*time.Millisecond, "B")
+			},
+			settle: 5 * time.Second,
+		},
+		{
+			name: "redis-hangs-under-an-owner",
+			about: `Redis stops answering (connections open) while A owns a streamed call that B follows
+with bytes. A's append times out, a PING confirms the hang, A degrades and its client gets
+every byte from A's memory; B's followers with bytes wait for Redis (ADR 0060). When Redis
+answers again, A's kept batches and its final write land (the token decides), and B's
+client reads the rest of the same call.`,
+			cfg: config{seed: 4, instances: 2, keys: stream, plans: every(plan{chunks: 6, gap: 770 * time.Millisecond})},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 103 * time.Millisecond, on: "B", key: "k1"})
+				w.hangRedis(1109*time.Millisecond, 4037*time.Millisecond, 0)
+			},
+			settle: 5 * time.Second,
+		},
+		{
+			name: "stale-owner-paused-past-its-lease-is-fenced",
+			about: `A owns a call and is paused past its lease; B takes the flight over with a new token.
+When A resumes, its renewal compares the whole token and is refused: A cancels its call
+(lease lost) and its waiting client follows B's attempt (ADRs 0002, 0027).`,
+			cfg: config{seed: 6, instances: 2, keys: stream, plans: every(plan{chunks: 3, gap: 1700 * time.Millisecond})},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 103 * time.Millisecond, on: "B", key: "k1"})
+				w.pause(311*time.Millisecond, 6029*time.Millisecond, "A")
+			},
+			settle: 5 * time.Second,
+		},
+		{
+			name: "where-an-answer-is-stored",
+			about: `A's call completes: complete.lua writes the done entry and, the answer being storable, the
+result for result_ttl; A keeps it in memory too (ADR 0028). A later client on B is
+answered by its lookup (a hit from Redis, which B then keeps); one on A from A's memory,
+without asking Redis.`,
+			cfg: config{seed: 7, instances: 2, keys: unary, plans: every(plan{chunks: 2, gap: 330 * time.Millisecond})},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 2003 * time.Millisecond, on: "B", key: "k1"})
+				w.ask(clientSpec{at: 3007 * time.Millisecond, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 4013 * time.Millisecond, on: "B", key: "k1"})
+			},
+			settle: time.Second,
+		},
+		{
+			name: "abandoned-call-cut-once-the-follower-elsewhere-leaves",
+			about: `A's client leaves early; B's follower still waits, its mark in the meta, so A's renewals
+do not cut the call. When B's client leaves too, B takes its mark off (unwait.lua); A's
+next renewal after a grace cuts the flight in Redis and A cancels the call (ADR 0074).`,
+			cfg: config{seed: 8, instances: 2, keys: stream, plans: every(plan{chunks: 20, gap: 430 * time.Millisecond})},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1", leave: 607 * time.Millisecond})
+				w.ask(clientSpec{at: 103 * time.Millisecond, on: "B", key: "k1", leave: 3709 * time.Millisecond})
+			},
+			settle: 5 * time.Second,
+		},
+		{
+			name: "graceful-shutdown-hands-a-flight-over",
+			about: `A owns a slow call and shuts down with a grace shorter than the call. Once the grace
+ends, A releases the flight (failed, shutdown: no attempt used up) and its client gets
+the shutdown error; B's follower, woken by the failed entry, takes the flight over.`,
+			cfg: config{seed: 9, instances: 2, keys: stream, plans: every(plan{chunks: 2, gap: 2300 * time.Millisecond})},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 103 * time.Millisecond, on: "B", key: "k1"})
+				w.shutdown(607*time.Millisecond, 917*time.Millisecond, "A")
+			},
+			settle: 5 * time.Second,
+		},
+	}
+}
