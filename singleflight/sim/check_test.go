@@ -87,15 +87,20 @@ func (w *world) nodeOf(key string) string {
 
 // ack is a stored answer whose final write Redis acknowledged.
 type ack struct {
-	key string
-	at  time.Duration
-	ttl time.Duration
+	key  string
+	at   time.Duration
+	ttl  time.Duration
+	call int // the call whose answer it is, from the stored body (0: not one of ours)
 }
 
-func (w *world) acked(key string, ttlMs string) {
+func (w *world) acked(key, ttlMs, body string) {
 	ms, _ := strconv.ParseInt(ttlMs, 10, 64)
+	a := ack{key: key, at: w.now(), ttl: time.Duration(ms) * time.Millisecond}
+	if ns, _, ok := tokens([]byte(body)); ok && len(ns) > 0 {
+		a.call = ns[0]
+	}
 	w.mu.Lock()
-	w.acks = append(w.acks, ack{key: key, at: w.now(), ttl: time.Duration(ms) * time.Millisecond})
+	w.acks = append(w.acks, a)
 	w.mu.Unlock()
 }
 
@@ -113,7 +118,36 @@ func (w *world) check() {
 	for _, cs := range byKey {
 		w.checkSecondCalls(cs)
 		for _, c := range cs {
-			w.checkCut(c)
+			w.checkCut(c, calls)
+		}
+	}
+	w.checkHits(calls)
+}
+
+// checkHits: once Redis acknowledged an answer for a key, a hit for that key serves it (or
+// a newer one), on every instance, until it expires: never another call's answer.
+func (w *world) checkHits(calls []call) {
+	for _, c := range w.clients {
+		if c.role != singleflight.RoleHit || c.first == 0 {
+			continue
+		}
+		ns, _, _ := tokens(c.body)
+		if len(ns) == 0 {
+			continue
+		}
+		served := calls[ns[0]-1]
+		for _, a := range w.acks {
+			if a.key != c.key || a.at >= c.asked || c.asked >= a.at+a.ttl || w.lost(a) {
+				continue
+			}
+			if a.call == 0 || served.n == a.call || w.up.startOf(served.n) > w.up.startOf(a.call) {
+				continue
+			}
+			if _, ok := w.explained(c.key, a.at, c.asked, c.inst.id); ok {
+				continue
+			}
+			w.violate("%s (%s, on %s) was served call %d as a hit at %s, after Redis acknowledged call %d's answer at %s",
+				c, c.key, c.inst.id, served.n, fmtAt(c.asked), a.call, fmtAt(a.at))
 		}
 	}
 }
@@ -323,24 +357,17 @@ func (w *world) checkWait(c *client, cs []call) {
 }
 
 // checkCut: a call is cut only when nobody waits for it, and is cut within the grace (and
-// a heartbeat) once nobody does, unless a fault kept Redis from being asked.
-func (w *world) checkCut(cl call) {
+// a heartbeat) once nobody does, unless a fault kept Redis from being asked or from knowing:
+// an instance that cannot be heard from (killed, cut off, paused) may still have clients
+// waiting, so its marks stand (ADR 0074); a meta Redis lost and an owner put back asks that
+// the call finish (restore.lua).
+func (w *world) checkCut(cl call, calls []call) {
 	o := w.cfg.opts
-	// Its waiters: clients of its key, not served by another call that started before.
-	var waiters []*client
-	for _, c := range w.clients {
-		if c.key != cl.key || c.refused || c.inst == nil {
-			continue
-		}
-		if ns, _, _ := tokens(c.body); len(ns) > 0 && ns[0] != cl.n && w.up.startOf(ns[0]) <= cl.start {
-			continue
-		}
-		waiters = append(waiters, c)
-	}
+	waiters := w.waitersOf(cl, calls)
 	if cl.ended && errors.Is(cl.cause, singleflight.ErrAbandoned) {
 		t := cl.end - 10*time.Millisecond // a client that asked as the cut landed could not stop it
 		for _, c := range waiters {
-			if c.asked <= t && c.done > cl.end && (c.first == 0 || c.first > cl.end) {
+			if c.asked <= t && c.done > cl.end {
 				if _, ok := w.explained(cl.key, c.asked, cl.end, c.inst.id, cl.inst); ok {
 					continue
 				}
@@ -355,13 +382,20 @@ func (w *world) checkCut(cl call) {
 		end = w.endAt()
 	}
 	var busy spans
+	insts := []string{cl.inst}
 	for _, c := range waiters {
 		if c.finish && c.asked <= end && c.done >= cl.start {
 			return // asked to finish
 		}
 		busy = append(busy, span{c.asked, c.done})
+		insts = append(insts, c.inst.id)
 	}
-	busy = append(busy, w.faultSpans(cl.key, cl.inst)...)
+	busy = append(busy, w.faultSpans(cl.key, insts...)...)
+	for _, f := range w.faultsCopy() {
+		if f.loses && f.start <= end && f.end >= cl.start && (w.cl == nil || f.node == w.nodeOf(cl.key)) {
+			return // the meta was lost and put back: the call finishes (restore.lua)
+		}
+	}
 	bound := o.AbandonGrace + o.HeartbeatInterval + 50*time.Millisecond
 	for _, g := range busy.gaps(cl.start, end) {
 		if g.to-g.from > bound {
@@ -370,6 +404,39 @@ func (w *world) checkCut(cl call) {
 			return
 		}
 	}
+}
+
+// waitersOf are the clients that may wait for call cl: of its key, answered by it or by
+// nothing, and on its instance or on one that ran no call of that key of its own meanwhile
+// (a local-only call while Redis could not be asked).
+func (w *world) waitersOf(cl call, calls []call) []*client {
+	var out []*client
+	for _, c := range w.clients {
+		if c.key != cl.key || c.refused || c.inst == nil {
+			continue
+		}
+		if ns, _, _ := tokens(c.body); len(ns) > 0 {
+			if ns[0] == cl.n {
+				out = append(out, c)
+			}
+			continue
+		}
+		own := false
+		for _, o := range calls {
+			own = own || o.key == cl.key && o.n != cl.n && o.inst == c.inst.id && c.inst.id != cl.inst &&
+				o.start < c.done && (!o.ended || o.end > c.asked)
+		}
+		if !own {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (w *world) faultsCopy() []fault {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]fault(nil), w.faults...)
 }
 
 // checkExpiry: every key the project wrote expires.

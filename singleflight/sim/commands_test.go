@@ -86,7 +86,7 @@ func (r recorder) record(cmd redis.Cmder) {
 	}
 	w.stats.command(name)
 	if name == "complete" && reply == "completed" && len(cmd.Args()) > 14 && fmt.Sprint(cmd.Args()[13]) == "1" {
-		w.acked(key, fmt.Sprint(cmd.Args()[14]))
+		w.acked(key, fmt.Sprint(cmd.Args()[14]), fmt.Sprint(cmd.Args()[12]))
 	}
 	if w.cfg.verbose == nil || !w.cfg.verbose(name, reply) {
 		return

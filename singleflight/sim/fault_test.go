@@ -122,14 +122,21 @@ func (w *world) restartRedis(at, down, snapshot time.Duration, i int) {
 	})
 }
 
-// losePublish: node i loses its next count published messages.
+// losePublish: node i loses its next count published messages; each loss is a fault of
+// its own, at the time the message would have gone.
 func (w *world) losePublish(at time.Duration, count int, i int) {
 	n := w.nodes[i%len(w.nodes)]
-	w.addFault(fault{name: "pub/sub messages lost", start: at, end: at, node: n.addr})
 	w.at(at, func() {
-		w.hist.add("redis", kFault, "", "%s loses its next %d published messages", nodeName(n.addr), count)
+		w.hist.add("redis", kFault, "", "%s will lose its next %d published messages", nodeName(n.addr), count)
 		n.lose.Add(int32(count))
 	})
+}
+
+// lostMessage records a message a node lost (its hook calls it, under the server's lock).
+func (w *world) lostMessage(n *node, channel string) {
+	now := w.now()
+	w.addFault(fault{name: "pub/sub message lost", start: now, end: now, node: n.addr})
+	w.hist.add("redis", kFault, "", "%s loses a message on %s", nodeName(n.addr), channel)
 }
 
 // flushScripts: node i forgets every script (SCRIPT FLUSH).

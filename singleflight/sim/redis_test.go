@@ -24,6 +24,7 @@ type node struct {
 	cl    *cluster // nil: standalone
 	slots [2]int   // in a Cluster, the slots it serves (inclusive)
 	lose  atomic.Int32
+	lost  func(channel string) // told of each message lost (set by the world before any client)
 	seen  sync.Map // the names of the commands it ran, scripts' own calls included
 
 	mu   sync.Mutex
@@ -71,6 +72,9 @@ func (n *node) hook(p *server.Peer, cmd string, args ...string) bool {
 	switch cmd {
 	case "PUBLISH":
 		if n.lose.Load() > 0 && n.lose.Add(-1) >= 0 {
+			if n.lost != nil && len(args) > 0 {
+				n.lost(args[0])
+			}
 			p.WriteInt(0)
 			return true
 		}

@@ -118,12 +118,16 @@ func newWorld(t testing.TB, cfg config) *world {
 	case cfg.masters == 0:
 		w.nodes = []*node{newNode("10.0.0.1:6379")}
 	}
+	for _, n := range w.nodes {
+		n.lost = func(channel string) { w.lostMessage(n, channel) }
+	}
 	for i := range cfg.instances {
 		w.insts = append(w.insts, w.newInstance(string(rune('A'+i))))
 	}
 	// The run starts once every instance has started: what they did to start is not in it.
 	w.start = time.Now()
 	w.hist.reset(w.start)
+	w.stats.reset()
 	return w
 }
 
@@ -581,6 +585,12 @@ type stats struct {
 	mu       sync.Mutex
 	commands map[string]int
 	dials    map[string]int
+}
+
+func (s *stats) reset() {
+	s.mu.Lock()
+	s.commands, s.dials = nil, nil
+	s.mu.Unlock()
 }
 
 func (s *stats) command(name string) {
