@@ -25,7 +25,7 @@ type node struct {
 	slots [2]int   // in a Cluster, the slots it serves (inclusive)
 	lose  atomic.Int32
 	lost  func(channel string) // told of each message lost (set by the world before any client)
-	seen  sync.Map // the names of the commands it ran, scripts' own calls included
+	seen  sync.Map             // the names of the commands it ran, scripts' own calls included
 
 	mu   sync.Mutex
 	m    *miniredis.Miniredis
