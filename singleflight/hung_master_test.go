@@ -1,0 +1,156 @@
+package singleflight
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/clusterclient"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// A Cluster master that hangs (SIGSTOP: connections accepted, nothing answered) costs
+// only its own flights. See ADRs 0063, 0081.
+
+// hungCluster is a Cluster of three masters, and Groups on it made as the proxy makes them.
+type hungCluster struct {
+	t  *testing.T
+	c  *redistest.Cluster
+	o  Options
+	ms []*redistest.Server // the masters, asked once: a paused one cannot answer
+}
+
+func newHungCluster(t *testing.T, o Options) *hungCluster {
+	return &hungCluster{t: t, c: redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3, NodeTimeout: time.Minute}), o: o}
+}
+
+// group is an instance with a Cluster client made as cmd/llm-dedupe-proxy's newRedis makes
+// it; obs, if set, observes it.
+func (h *hungCluster) group(name string, obs Observer) *Group {
+	o := h.o
+	o.Observer = obs
+	rdb := clusterclient.New(&redis.ClusterOptions{Addrs: h.c.Addrs(), ClientName: name, ReadTimeout: o.RedisTimeout,
+		WriteTimeout: o.RedisTimeout, ContextTimeoutEnabled: true, MaxRetries: 2, DialerRetries: 1})
+	o.Redis = rdb
+	g := New(o)
+	h.t.Cleanup(func() { g.Close(context.Background()); rdb.Close() })
+	return g
+}
+
+// keysOn returns n new keys whose flights live on master m.
+func (h *hungCluster) keysOn(g *Group, m *redistest.Server, n int) []string {
+	var keys []string
+	for i := 0; len(keys) < n; i++ {
+		k := fmt.Sprintf("%s-%d", uniqueKey(), i)
+		if got, err := h.c.MasterOf(g.rem().keys(k).meta); err == nil && got == m {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+func (h *hungCluster) masters() []*redistest.Server {
+	if h.ms == nil {
+		ms, err := h.c.Masters()
+		if err != nil || len(ms) != 3 {
+			h.t.Fatalf("masters: %v, %v", ms, err)
+		}
+		h.ms = ms
+	}
+	return slices.Clone(h.ms)
+}
+
+// own has g own keys, each held by rp until it is released, and waits until it does.
+func own(t *testing.T, g *Group, keys []string, rp *reply) {
+	t.Helper()
+	for _, k := range keys {
+		r, err := g.Do(k, false, rp.fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+	}
+	waitCond(t, 10*time.Second, "the keys owned", func() bool { return g.Owned() == len(keys) })
+}
+
+// TestHungMasterDelaysNoNewInstance: instances that start while a master, X, hangs, and
+// have no Cluster layout yet, look up keys of the other masters, owned elsewhere, as soon
+// as they start, after a Check as cmd/llm-dedupe-proxy makes (one in three) or without:
+// each follows at once, whichever node it asks for the layout, and each key costs one
+// upstream call. See ADR 0081.
+func TestHungMasterDelaysNoNewInstance(t *testing.T) {
+	o := Options{RedisTimeout: time.Second, LeaseTTL: 5 * time.Second, HeartbeatInterval: time.Second}
+	h := newHungCluster(t, o)
+	b := h.group("b", nil)
+	ms := h.masters()
+	// X holds no owner-seq: a new instance's first claim token would wait for it (ADR 0002).
+	seq, err := h.c.MasterOf(b.rem().seqKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms = slices.DeleteFunc(ms, func(m *redistest.Server) bool { return m == seq })
+	x, y := ms[0], ms[1]
+	healthy := append(h.keysOn(b, y, 3), h.keysOn(b, seq, 3)...)
+	held := newReply("b's answer")
+	release := once(held.release)
+	t.Cleanup(release)
+	own(t, b, healthy, held)
+	waitCond(t, 10*time.Second, "B's renewals landed", func() bool { return b.rem().renewer.round.Load() >= 2 })
+	x.Pause()
+	t.Cleanup(x.Resume)
+
+	const fresh = 12 // each would ask X first for the layout, one in three, and for the command table
+	type started struct {
+		checked bool
+		took    time.Duration // from the first request (after Check) to every flight placed
+		roles   map[string]Role
+	}
+	done := make(chan started, fresh)
+	ownCall := newReply("a new instance's own call")
+	ownCall.release()
+	for i := range fresh {
+		go func() {
+			rec := newRecorder()
+			g := h.group(fmt.Sprintf("new-%d", i), rec)
+			out := started{checked: i%3 == 0, roles: map[string]Role{}}
+			if out.checked {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*o.RedisTimeout) // as wire.go
+				_ = g.Check(ctx)
+				cancel()
+			}
+			begun := time.Now()
+			for _, k := range healthy {
+				if r, err := g.Do(k, false, ownCall.fn); err == nil {
+					t.Cleanup(func() { r.Close() })
+				}
+			}
+			_ = condWithin(10*time.Second, "roles", func() bool {
+				for _, e := range rec.eventsOf(EventRole) {
+					out.roles[e.Key] = e.Role
+				}
+				return len(out.roles) == len(healthy)
+			})
+			out.took = time.Since(begun)
+			done <- out
+		}()
+	}
+	for range fresh {
+		s := <-done
+		for _, k := range healthy {
+			if s.roles[k] != RoleFollower {
+				t.Errorf("a new instance's flight of %s, a healthy master's key, is %v (checked: %v); want a follower of B's call", k, s.roles[k], s.checked)
+			}
+		}
+		if s.took >= o.RedisTimeout/2 {
+			t.Errorf("a new instance (checked: %v) placed its flights in %v; want within half a Redis timeout (%v): no wait for X", s.checked, s.took, o.RedisTimeout/2)
+		}
+	}
+	release()
+	if n := held.calls.Load() + ownCall.calls.Load(); n != int32(len(healthy)) {
+		t.Errorf("%d upstream calls for %d healthy keys (%d of them new instances' own); want one each", n, len(healthy), ownCall.calls.Load())
+	}
+}
+
