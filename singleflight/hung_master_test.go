@@ -154,3 +154,82 @@ func TestHungMasterDelaysNoNewInstance(t *testing.T) {
 	}
 }
 
+// roles waits for the role of a flight of each key, and returns them.
+func roles(t *testing.T, rec *recorder, keys []string) map[string]Role {
+	t.Helper()
+	out := map[string]Role{}
+	rec.waitMatch(t, "a role for each key", func(e Event) bool {
+		if e.Kind == EventRole && slices.Contains(keys, e.Key) {
+			out[e.Key] = e.Role
+		}
+		return len(out) == len(keys)
+	}, 10*time.Second)
+	return out
+}
+
+// TestHungMasterCostsNoOtherMastersLeases: A owns flights on every master when one, X,
+// hangs: before A's first renewal (its renewal script is loaded nowhere yet), or once the
+// renewals run. The leases of the other masters' flights are renewed on time round after
+// round: B, asking for them leases later, follows A's calls, and each key costs one
+// upstream call.
+func TestHungMasterCostsNoOtherMastersLeases(t *testing.T) {
+	for _, renewing := range []bool{false, true} {
+		t.Run(fmt.Sprintf("renewing=%v", renewing), func(t *testing.T) { hungMasterLeases(t, renewing) })
+	}
+}
+
+func hungMasterLeases(t *testing.T, renewing bool) {
+	o := Options{RedisTimeout: time.Second, LeaseTTL: 3 * time.Second, HeartbeatInterval: time.Second}
+	h := newHungCluster(t, o)
+	rec, recB := newRecorder(), newRecorder()
+	a, b := h.group("a", rec), h.group("b", recB)
+	ms := h.masters()
+	x := ms[0]
+	healthy := append(h.keysOn(a, ms[1], 4), h.keysOn(a, ms[2], 4)...)
+	a.rem().newToken(context.Background()) // each instance's block of owner-seq numbers is reserved
+	b.rem().newToken(context.Background())
+
+	held := newReply("a's answer")
+	release := once(held.release)
+	t.Cleanup(release)
+	own(t, a, append(slices.Clone(healthy), h.keysOn(a, x, 1)...), held)
+	if renewing {
+		waitCond(t, 10*time.Second, "renewals landed", func() bool { return a.rem().renewer.round.Load() >= 2 })
+	} else if n := a.rem().renewer.round.Load(); n != 0 {
+		t.Fatalf("%d renewal rounds before the hang; want none: the first one loads the script", n)
+	}
+	x.Pause()
+	t.Cleanup(x.Resume)
+
+	rounds := a.rem().renewer.round.Load() + int64(2*o.LeaseTTL/o.HeartbeatInterval) + 1
+	waitCond(t, 20*time.Second, "two leases of renewal rounds", func() bool { return a.rem().renewer.round.Load() >= rounds })
+	other := newReply("b's own call")
+	other.release()
+	var readers []*Reader
+	for _, k := range healthy {
+		r, err := b.Do(k, false, other.fn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readers = append(readers, r)
+	}
+	for k, role := range roles(t, recB, healthy) {
+		if role != RoleFollower {
+			t.Errorf("B's flight of %s, a healthy master's key, is %v two leases into X's hang; want a follower of A's call", k, role)
+		}
+	}
+	failed := rec.countWhere(func(e Event) bool { return e.Kind == EventHeartbeatFailed && slices.Contains(healthy, e.Key) })
+	if failed > 0 {
+		t.Errorf("%d renewals of healthy masters' flights failed while X hung; want none", failed)
+	}
+	release()
+	for _, r := range readers {
+		if got := readWithin(r, 10*time.Second); got.err != nil || got.body != "a's answer" {
+			t.Errorf("a caller of a healthy key on B got (%q, %v, %v); want A's answer", got.body, got.role, got.err)
+		}
+	}
+	if n := held.calls.Load() + other.calls.Load(); n != int32(len(healthy))+1 {
+		t.Fatalf("%d upstream calls for %d healthy keys and X's one; want one each", n, len(healthy))
+	}
+}
+
