@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -233,3 +234,78 @@ func hungMasterLeases(t *testing.T, renewing bool) {
 	}
 }
 
+// subscribedOn returns the master that holds the pub/sub connection of the instance whose
+// client is named name, nil if none that answers does.
+func (h *hungCluster) subscribedOn(name string) *redistest.Server {
+	for _, m := range h.masters() {
+		c := redis.NewClient(&redis.Options{Addr: m.Addr, ReadTimeout: 200 * time.Millisecond, MaxRetries: -1})
+		list, err := c.ClientList(context.Background()).Result()
+		c.Close()
+		if err != nil {
+			continue // the hung master
+		}
+		for _, line := range strings.Split(list, "\n") {
+			if strings.Contains(line, " name="+name+" ") && strings.Contains(line, "cmd=subscribe") {
+				return m
+			}
+		}
+	}
+	return nil
+}
+
+// TestHungMasterUnderTheHubWakesFollowers: B's pub/sub connection is on master X; B
+// follows flights of the other masters, owned by A, and nothing else B does touches X.
+// X hangs, then A answers: B's callers get the answer within seconds, the connection
+// having left X, not at their lease's end. See ADR 0081.
+func TestHungMasterUnderTheHubWakesFollowers(t *testing.T) {
+	o := Options{RedisTimeout: time.Second, LeaseTTL: 12 * time.Second, HeartbeatInterval: time.Second}
+	h := newHungCluster(t, o)
+	a, b := h.group("a", nil), h.group("b", nil)
+	<-b.Listening()
+	x := h.subscribedOn("b")
+	if x == nil {
+		t.Fatal("B's pub/sub connection is on no master")
+	}
+	var keys []string
+	for _, m := range h.masters() {
+		if m != x {
+			keys = append(keys, h.keysOn(a, m, 2)...)
+		}
+	}
+	a.rem().newToken(context.Background()) // each instance's block of owner-seq numbers is reserved
+	b.rem().newToken(context.Background())
+	held := newReply("a's answer")
+	release := once(held.release)
+	t.Cleanup(release)
+	own(t, a, keys, held)
+	other := newReply("b's own call")
+	other.release()
+	readers := followEach(t, b, keys, other.fn)
+	waitCond(t, 10*time.Second, "B's subscriptions confirmed", func() bool {
+		for _, k := range keys {
+			if !b.rem().wake.UnconfirmedSince(b.rem().keys(k).stream).IsZero() {
+				return false
+			}
+		}
+		return true
+	})
+	x.Pause()
+	t.Cleanup(x.Resume)
+
+	released := time.Now()
+	release()
+	for _, r := range readers {
+		if got := readWithin(r, 2*o.LeaseTTL); got.err != nil || got.body != "a's answer" {
+			t.Fatalf("a caller on B got (%q, %v, %v); want A's answer", got.body, got.role, got.err)
+		}
+	}
+	if took := time.Since(released); took >= o.LeaseTTL/2 {
+		t.Errorf("B's callers got A's answer %v after it landed; want within half a lease (%v): B's pub/sub connection leaves X", took, o.LeaseTTL/2)
+	}
+	if m := h.subscribedOn("b"); m == nil || m == x {
+		t.Errorf("B's pub/sub connection is on %v; want a master that answers", m)
+	}
+	if n := held.calls.Load() + other.calls.Load(); n != int32(len(keys)) {
+		t.Errorf("%d upstream calls for %d keys; want one each", n, len(keys))
+	}
+}
