@@ -2,7 +2,6 @@ package singleflight
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"time"
 )
@@ -181,28 +180,5 @@ func (g *Group) cutAttempt(f *flight, o ownership) {
 func (f *flight) noteUnread(n int) {
 	if !f.idle.since.IsZero() {
 		f.idle.unread += int64(n)
-	}
-}
-
-// unwait takes f's mark off a flight it followed, once its lead ended without the answer:
-// the owner may cut the call a grace later (unwait.lua). Without an answer from Redis the
-// mark stays, and the call runs to its end.
-func (r *remote) unwait(f *flight) {
-	if r.g.ctx.Err() != nil || r.unusable(f.key) {
-		return
-	}
-	if r.g.hooks.unwaiting != nil {
-		r.g.hooks.unwaiting(false)
-		defer r.g.hooks.unwaiting(true)
-	}
-	f.mu.Lock()
-	finish := f.finishAll
-	f.mu.Unlock()
-	k := r.keys(f.key)
-	ctx, cancel := r.watchedOp(r.g.ctx, k.meta)
-	defer cancel()
-	err := unwaitScript.Run(ctx, r.rdb, []string{k.meta}, r.markOf(f), flag(finish)).Err()
-	if err != nil && !errors.Is(err, context.Canceled) {
-		_ = r.redisErr("unwait", f.key, err)
 	}
 }
