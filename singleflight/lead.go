@@ -132,7 +132,7 @@ func (l *leader) lookup() leadState {
 		return leadLocal
 	}
 	var candidate string
-	if l.pos.last == "" || l.caughtUp {
+	if (l.pos.last == "" || l.caughtUp) && l.canCall() {
 		candidate = r.newToken(l.ctx)
 		if !r.usableAfterVerdict(l.ctx, f.key) {
 			return leadLocal // the token's owner-seq timed out: one deadline is all a caller waits
@@ -176,6 +176,9 @@ func (l *leader) claim() leadState {
 			l.reason = t
 		}
 		return leadContend
+	}
+	if !l.canCall() {
+		return leadEnded
 	}
 	token := r.newToken(l.ctx)
 	if !r.usableAfterVerdict(l.ctx, f.key) {
@@ -325,6 +328,12 @@ func (l *leader) resume(ev wakeEvent) {
 	}
 }
 
+// canCall reports whether a call of this lead's would serve anyone: a flight that has begun
+// needs a reader that can use a new generation (ADR 0026). Every claim asks it.
+func (l *leader) canCall() bool {
+	return !l.f.begun() || l.f.canUseNewGen()
+}
+
 // followed is the state after a follow that ended as end.
 func (l *leader) followed(end followEnd) leadState {
 	g, f := l.r.g, l.f
@@ -363,8 +372,8 @@ func (l *leader) followed(end followEnd) leadState {
 		l.reason = takeoverExpired
 	}
 	l.fresh = false
-	if !f.canUseNewGen() {
-		return leadEnded
+	if !l.canCall() {
+		return leadEnded // before the jitter: no claim would follow it
 	}
 	return leadContend
 }
