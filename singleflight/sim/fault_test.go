@@ -114,6 +114,7 @@ func (w *world) restartRedis(at, down, snapshot time.Duration, i int) {
 	}
 	w.at(at, func() {
 		w.hist.add("redis", kFault, "", "%s stops", nodeName(n.addr))
+		w.eachLink("", n.addr, (*link).resetAll) // in a known order, before the server drops them
 		n.stop()
 	})
 	w.at(at+down, func() {

@@ -40,6 +40,7 @@ func TestStories(t *testing.T) {
 			// at one instant tells nothing.
 			var got string
 			for run := range 2 {
+				seedGlobal(s.cfg.seed)
 				synctest.Test(t, func(t *testing.T) {
 					if s.cfg.verbose == nil {
 						s.cfg.verbose = quiet

@@ -37,6 +37,11 @@ type keySpec struct {
 	stream bool
 }
 
+// optsResultTTL is the options of a run that stores answers for ttl (negative: none).
+func optsResultTTL(ttl time.Duration) singleflight.Options {
+	return singleflight.Options{ResultTTL: ttl}
+}
+
 // defaults are the production defaults (config.example.yaml) where a run sets nothing.
 func (c *config) defaults() {
 	if c.instances == 0 {
@@ -89,6 +94,7 @@ type world struct {
 	clients []*client
 	faults  []fault
 	acks    []ack
+	refused map[int]bool   // calls whose answer's final write Redis refused
 	wg      sync.WaitGroup // clients and scheduled events
 	viol    []string
 	ended   time.Duration // when the run ended
