@@ -279,6 +279,12 @@ func (l *leader) local() leadState {
 		ctx = withAttempt(ctx, Attempt{Takeover: takeoverDegraded.String()}) // leadLocal numbers it
 	}
 	l.decide(RoleOwner)
+	if l.marked && !l.answered {
+		// Its callers wait for this call now, not Redis's: the mark comes off, once Redis
+		// can take it (ADR 0080).
+		l.r.unwait(f)
+		l.marked = false
+	}
 	if g.leadLocal(ctx, f, l.failures+1) {
 		return leadEnded
 	}

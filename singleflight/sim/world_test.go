@@ -94,8 +94,8 @@ type world struct {
 	clients []*client
 	faults  []fault
 	acks    []ack
-	refused map[int]bool   // calls whose answer's final write Redis refused
-	wg      sync.WaitGroup // clients and scheduled events
+	refused map[int]time.Duration // calls whose answer's final write Redis refused, and when
+	wg      sync.WaitGroup        // clients and scheduled events
 	viol    []string
 	ended   time.Duration // when the run ended
 }
