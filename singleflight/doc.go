@@ -176,8 +176,8 @@
 //     follower.look, lookAt, recheck).
 //   - alive message: what an instance publishes after each round of renewals, naming the
 //     tokens it stopped renewing (ADR 0009).
-//   - trust: how long a follower believes its owner instance's alive messages: at most
-//     Timeout plus a lease after its last look found the attempt running (ADR 0009).
+//   - trust: how long a follower believes its owner instance's alive messages after a look
+//     found its attempt running: as long as it has followed, one to ten leases (ADR 0082).
 //   - park: a waiting follower with no goroutine, hooked to what can wake it (ADR 0015).
 //   - fence, fencing token: the token every owner write is compared against (ADR 0002).
 //   - landing gate: answered.go's check that sends back a caller that may have joined after

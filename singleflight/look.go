@@ -15,10 +15,11 @@ const (
 	lookEnd                     // the follow is over
 )
 
-// trust believes the current owner's alive messages for Timeout plus a lease (ADR 0009).
+// trust believes the current owner's alive messages for as long as the follow has lasted,
+// one lease at least and ten at most: a lost word costs no more than that (ADR 0082).
 func (fw *follower) trust() {
-	o := fw.l.r.g.opts
-	fw.trustFor, fw.trustUntil = fw.l.pos.token, time.Now().Add(o.Timeout+o.LeaseTTL)
+	lease := fw.l.r.g.opts.LeaseTTL
+	fw.trustFor, fw.trustUntil = fw.l.pos.token, time.Now().Add(min(max(time.Since(fw.start), lease), 10*lease))
 }
 
 // lookAt is when the follower looks its flight up unless something comes: its deadline,

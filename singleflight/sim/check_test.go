@@ -331,7 +331,7 @@ func (w *world) faultSpans(key string, insts ...string) spans {
 		if to < 0 {
 			to = forever
 		}
-		ss = append(ss, span{f.start, to + w.settle()})
+		ss = append(ss, span{f.start, to + w.settle() + f.after})
 	}
 	return ss
 }

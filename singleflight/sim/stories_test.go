@@ -210,5 +210,27 @@ time, no mark can be trusted, and the call finishes (renew.lua); B's client gets
 			},
 			settle: 5 * time.Second,
 		},
+		{
+			name: "a-lost-done-costs-no-more-than-the-wait-so-far",
+			about: `A owns two calls: k1 runs long, k2 is streamed to A's client and B's. The pub/sub
+message that k2 is done is lost on its way to B. A's instance goes on saying it is alive,
+for k1; B believes it only for as long as B has waited (one lease at least, ten at most),
+then looks k2 up and serves the stored answer (ADR 0082). No wait on a live instance lasts
+for ever on one lost message.`,
+			cfg: config{seed: 16, instances: 2, keys: map[string]keySpec{"k1": {stream: true}, "k2": {stream: true}},
+				plans: func(key string, _ int) plan {
+					if key == "k1" {
+						return plan{chunks: 1, gap: 30011 * time.Millisecond}
+					}
+					return plan{chunks: 6, gap: 449 * time.Millisecond}
+				}},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 51 * time.Millisecond, on: "A", key: "k2"})
+				w.ask(clientSpec{at: 103 * time.Millisecond, on: "B", key: "k2"})
+				w.losePublish(2503*time.Millisecond, 2, 0)
+			},
+			settle: time.Second,
+		},
 	}
 }
