@@ -14,7 +14,10 @@ import (
 
 // The invariants, checked on every run from its history: what each client got, each call
 // the upstream saw, each fault, and each answer Redis acknowledged storing. A fault
-// explains what it can cause for a while after it heals (settle); nothing else does.
+// explains what it can cause for a while after it heals (settle); nothing else does. That
+// no goroutine is left once the Groups close is synctest's own check: one still blocked
+// when the bubble's function returns fails the run as a deadlock, and one still ticking
+// keeps it from ending until the watchdog fails it.
 
 const forever = time.Duration(math.MaxInt64 / 2)
 
