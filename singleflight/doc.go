@@ -155,7 +155,8 @@
 // walkthroughs.md follows three cases through the code, step by step, with the tests
 // that hold each: an owner dies mid-stream; Redis hangs under an owner; a stale owner
 // wakes. It also lists every way a follower calls the upstream itself, and where an
-// answer is stored and how another instance finds it.
+// answer is stored and how another instance finds it. When each step happens is told by
+// the simulator's stories (sim/testdata/stories), checked against the code by its tests.
 //
 // # Glossary
 //
