@@ -173,8 +173,8 @@
 //   - generation: one attempt in the stream (opened by a gen entry) and in the local log.
 //   - takeover: a claim of a flight whose attempt failed or whose lease ran out.
 //   - lookup: lookup.lua, sent by a leader (which may claim) or by a follower's look.
-//   - look: a follower's lookup of its flight's meta, at its lease's end or sooner (look.go:
-//     follower.look, lookAt, recheck).
+//   - look: a follower's lookup of its flight's meta, when its clock says (clock.go next;
+//     look.go follower.look, recheck).
 //   - alive message: what an instance publishes after each round of renewals, naming the
 //     tokens it stopped renewing (ADR 0009).
 //   - trust: how long a follower believes its owner instance's alive messages after a look
@@ -193,7 +193,7 @@
 //     flight starts (Group.lead) and ends; coordinator.go: the two backends, local.go
 //     (memory) and remote.go (Redis).
 //   - lead.go: the leader's state machine (ADR 0052); follow.go and look.go: the follower's
-//     wait and its look-ups; stream.go: the wire format of entries; hit.go: a stored answer.
+//     wait and its look-ups; clock.go: when it looks next, and why (ADR 0083); stream.go: the wire format of entries; hit.go: a stored answer.
 //   - internal/wake (the connection, its watches, alive state; wake.go wires it): pub/sub wake-ups;
 //     park.go: waiting without a goroutine.
 //   - owner.go, remote_owner.go, writer.go, renewer.go: owning an attempt.
