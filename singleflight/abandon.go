@@ -6,18 +6,21 @@ import (
 	"time"
 )
 
-// An owned call nobody waits for is cut (ADR 0074). Here, a caller waits from DoWith until
-// it closes its Reader or its CallOptions.Context ends. Elsewhere, each local flight that
-// follows marks the flight in its meta (lookup.lua, claim.lua) and takes the mark off once
-// its lead ended without the answer (unwait.lua). Once no caller has waited here for
-// AbandonGrace, the owner asks Redis to cut the flight; renew.lua does so, atomically, only
-// when no other flight's mark stands, none asked that the call finish and the last left a
-// grace ago, and it is asked again with every renewal. A cut ends the flight in Redis
-// (state A), so that the next caller, anywhere, starts a new call at once, then cancels
-// the call.
+// An owned call nobody waits for is cut (ADRs 0074, 0080). Here, a caller waits from DoWith
+// until it closes its Reader; an Inline starter, which cannot close it while DoWith leads
+// on its goroutine, stops waiting when its CallOptions.Context ends. Elsewhere, each local
+// flight that follows marks the flight in its meta (lookup.lua, claim.lua) and takes the
+// mark off once its lead ended without the answer (unwait.lua). Once no caller has waited
+// here for AbandonGrace, the owner asks Redis to cut the flight; renew.lua does so,
+// atomically, only when no mark stands, none asked that the call finish, the last left a
+// grace ago and Redis has not gone back in time, and it is asked again with every renewal.
+// A cut writes a failed entry (r=cut) and ends the flight in Redis (state A), so that the
+// next caller, anywhere, starts a new call at once; then the call is cancelled.
 //
-// Invariant: a call is cut only when Redis (or, without Redis, this process) saw no caller
-// waiting for it at that instant; a flight whose shard cannot be asked is never cut.
+// Invariant: a call that Redis holds is cut only when Redis counted no caller waiting for
+// it at that instant, and never while its shard cannot be asked; a call that only this
+// process knows (in memory, local-only while its shard is down, or a flight Redis lost) is
+// cut when nobody here has waited for it for the grace.
 
 // attemptCut is the attempt owned here that a cut would end.
 type attemptCut struct {

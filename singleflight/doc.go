@@ -42,12 +42,12 @@
 //
 // # States
 //
-//	          claim (absent, D without stored result, F, or R with lease run out)
+//	          claim (absent, D without stored result, F, A, or R with lease run out)
 //	(none) ───────────────────────────────► R ──complete──► D ──linger──► (expired)
-//	                                        │ ▲
-//	                                  fail  │ │ claim by a contender after jitter
-//	                                        ▼ │ (attempt+1 ≤ MaxAttempts)
-//	                                        F
+//	                                        │ ▲ │
+//	                                  fail  │ │ └──cut (nobody waits, ADR 0074)──► A
+//	                                        ▼ │ claim by a contender after jitter
+//	                                        F   (attempt+1 ≤ MaxAttempts)
 //
 // # Rules
 //
@@ -92,8 +92,9 @@
 //
 // # Streaming
 //
-// What the owner writes reaches local readers at once and the stream in batches of at most
-// BatchDelay or BatchBytes, the first at once (ADR 0017). A new generation resets the log:
+// What the owner writes reaches local readers at once, and the stream in batches: the first
+// at once, each next BatchDelay after the one before or as soon as BatchBytes are pending,
+// with all that is pending then (ADR 0017). A new generation resets the log:
 // a reader that has delivered bytes of the old one gets ErrGenerationChanged; one that has
 // not moves on. Past StreamMaxLen entries the rest comes with the final write, and a
 // follower that finds a gap delivers no hole (ADRs 0004, 0005).

@@ -24,7 +24,8 @@ const (
 // leadMoves is the lead's transition table: the states each may be followed by. leadEnded
 // and leadDetached end run; a detached lead goes on from the state it detached in (leadRetry
 // to leadContend, leadFollow and leadCatchUp to what follows the follow), on the goroutine
-// that picks it up. See ADRs 0052, 0076.
+// that picks it up; leadLocal's goes on in run.go retryAfterJitter, which ends the flight.
+// See ADRs 0052, 0076.
 var leadMoves = moves[leadState]{
 	leadLookup:   to(leadClaim, leadOwn, leadFollow, leadLocal, leadEnded),
 	leadClaim:    to(leadLookup, leadContend, leadOwn, leadFollow, leadCatchUp, leadLocal, leadEnded),

@@ -9,7 +9,8 @@ import (
 )
 
 // ownership is what an owner needs from its coordinator: the fenced writes of one attempt.
-// Every method answers ErrLeaseLost when the attempt's token is no longer the flight's.
+// A write that Redis refuses because the attempt's token is no longer the flight's answers
+// ErrLeaseLost (a heartbeat cancels the call with it).
 type ownership interface {
 	// heartbeat keeps the lease while ctx lasts, until stop; a refusal cancels the call.
 	heartbeat(ctx context.Context, cancel context.CancelCauseFunc) (stop func())
