@@ -22,8 +22,8 @@ import (
 // process knows (in memory, local-only while its shard is down, or a flight Redis lost) is
 // cut when nobody here has waited for it for the grace.
 
-// attemptCut is the attempt owned here that a cut would end.
-type attemptCut struct {
+// ownedAttempt is the attempt owned here, which a cut would end.
+type ownedAttempt struct {
 	o      ownership
 	cancel context.CancelCauseFunc
 }
@@ -66,13 +66,13 @@ func (r *remote) markOf(f *flight) string {
 
 // mayCut reports whether the idle spell may end in a cut; f.mu held.
 func (f *flight) mayCut() bool {
-	return f.cut != nil && !f.idle.since.IsZero() && !f.finishAll
+	return f.owned != nil && !f.idle.since.IsZero() && !f.finishAll
 }
 
 // updateIdle starts or ends the idle spell of the attempt owned here as callers come and
 // go; f.mu held. A spell that ends because a caller came is one rejoined.
 func (g *Group) updateIdle(f *flight) {
-	idle := f.cut != nil && !f.ended && f.waiting() == 0
+	idle := f.owned != nil && !f.ended && f.waiting() == 0
 	if idle == !f.idle.since.IsZero() {
 		return
 	}
@@ -112,7 +112,7 @@ func (g *Group) emitIdle(f *flight) {
 
 // ownedBy records the attempt that runs here, or its end (a nil a) as cancelled or
 // finished; its idle spell starts at once if no caller waits.
-func (g *Group) ownedBy(f *flight, a *attemptCut, cancelled bool) {
+func (g *Group) ownedBy(f *flight, a *ownedAttempt, cancelled bool) {
 	defer g.emitIdle(f)
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -125,7 +125,7 @@ func (g *Group) ownedBy(f *flight, a *attemptCut, cancelled bool) {
 		}
 		g.endIdle(f, outcome)
 	}
-	f.cut = a
+	f.owned = a
 	g.updateIdle(f)
 }
 
@@ -142,7 +142,7 @@ func (g *Group) cutDue(f *flight) {
 		defer g.wg.Done()
 	}
 	f.mu.Lock()
-	a := f.cut
+	a := f.owned
 	due := f.mayCut() && time.Since(f.idle.since) >= g.opts.AbandonGrace
 	f.mu.Unlock()
 	if !due || !counted && a.o.remote() {
@@ -162,7 +162,7 @@ func (g *Group) cutDue(f *flight) {
 func (g *Group) cutAttempt(f *flight, o ownership) {
 	g.mu.Lock()
 	f.mu.Lock()
-	a := f.cut
+	a := f.owned
 	if a == nil || a.o != o {
 		f.mu.Unlock()
 		g.mu.Unlock()

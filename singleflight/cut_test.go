@@ -221,5 +221,5 @@ func (g *Group) attemptEnded(key string) bool {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.cut == nil
+	return f.owned == nil
 }

@@ -62,11 +62,11 @@ type leader struct {
 	reason   takeover // why we contend
 	role     Role     // the role reported for the flight
 
-	fresh     bool // no attempt of its key seen yet (claim.lua may restart the count)
-	marked    bool // a lookup or claim may have marked the flight waited for by f (ADR 0074)
-	answered  bool // the lead ended with the flight's answer: Redis's flight is over
-	contended bool // the jitter before a takeover was waited
-	caughtUp  bool // the stream was read for a finished newer attempt
+	fresh      bool // no attempt of its key seen yet (claim.lua may restart the count)
+	marked     bool // a lookup or claim may have marked the flight waited for by f (ADR 0074)
+	flightOver bool // Redis's flight is over for this lead (answered, or cut): its mark needs no unwait
+	contended  bool // the jitter before a takeover was waited
+	caughtUp   bool // the stream was read for a finished newer attempt
 
 	fw   *follower  // the follow in progress
 	site followSite // what the lead does when it ends
@@ -103,7 +103,7 @@ func (l *leader) run(st leadState) bool {
 		case leadLocal:
 			next = l.local()
 		case leadEnded:
-			if l.marked && !l.answered {
+			if l.marked && !l.flightOver {
 				l.r.unwait(l.f) // no mark stays of callers that wait no more (ADR 0074)
 			}
 			return true
@@ -156,7 +156,7 @@ func (l *leader) lookup() leadState {
 	case verdictHit:
 		l.decide(RoleHit)
 		r.serveHit(f, d, &l.pos)
-		l.answered = true
+		l.flightOver = true
 		return leadEnded
 	case verdictFollow:
 		return leadFollow
@@ -167,12 +167,12 @@ func (l *leader) lookup() leadState {
 // claim takes over a flight nobody runs: after reading the stream for a newer attempt that
 // finished (ADR 0006), and after the jitter for a failed or expired one (ADR 0003).
 func (l *leader) claim() leadState {
-	r, g, f, seen := l.r, l.r.g, l.f, l.d
-	if seen.seen == seenDone && l.pos.last != "" && !l.caughtUp {
+	r, g, f, prev := l.r, l.r.g, l.f, l.d // prev: the lookup the claim compares against
+	if prev.seen == seenDone && l.pos.last != "" && !l.caughtUp {
 		l.caughtUp = true
 		return leadCatchUp
 	}
-	if t := takeoverOf(seen.seen); t != takeoverNone && !l.contended {
+	if t := takeoverOf(prev.seen); t != takeoverNone && !l.contended {
 		if l.reason == takeoverNone {
 			l.reason = t
 		}
@@ -190,7 +190,7 @@ func (l *leader) claim() leadState {
 	}
 	mark, callers := f.mark()
 	l.marked = true
-	d, err := r.claim(l.ctx, f.key, token, seen, l.fresh, f.call, mark, callers)
+	d, err := r.claim(l.ctx, f.key, token, prev, l.fresh, f.call, mark, callers)
 	if err != nil {
 		return leadLocal
 	}
@@ -207,7 +207,7 @@ func (l *leader) claim() leadState {
 		return leadEnded
 	}
 	if l.reason == takeoverNone {
-		l.reason = takeoverOf(seen.seen)
+		l.reason = takeoverOf(prev.seen)
 	}
 	return leadOwn
 }
@@ -247,7 +247,7 @@ func (l *leader) own() leadState {
 	end, res, _ := g.own(withAttempt(l.ctx, a), f, newRemoteOwnership(l.r, f, l.d))
 	switch end {
 	case attemptDone, attemptAbandoned:
-		l.answered = true // done, or cut: no mark counts any more
+		l.flightOver = true // done, or cut: no mark counts any more
 		return leadEnded
 	case attemptLeaseLost:
 		if !f.canUseNewGen() {
@@ -280,13 +280,13 @@ func (l *leader) local() leadState {
 		ctx = withAttempt(ctx, Attempt{Takeover: takeoverDegraded.String()}) // leadLocal numbers it
 	}
 	l.decide(RoleOwner)
-	if l.marked && !l.answered {
+	if l.marked && !l.flightOver {
 		// Its callers wait for this call now, not Redis's: the mark comes off, once Redis
 		// can take it (ADR 0080).
 		l.r.unwait(f)
 		l.marked = false
 	}
-	if g.leadLocal(ctx, f, l.failures+1) {
+	if g.ownLocally(ctx, f, l.failures+1) {
 		return leadEnded
 	}
 	return leadDetached
@@ -350,7 +350,7 @@ func (l *leader) followed(end followEnd) leadState {
 	l.fw = nil
 	switch end.kind {
 	case followDone:
-		l.answered = l.ctx.Err() == nil // else its callers left
+		l.flightOver = l.ctx.Err() == nil // else its callers left
 		return leadEnded
 	case followLeft:
 		return leadEnded // no answer for callers who left

@@ -67,7 +67,7 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	f.startGen(RoleOwner, true)
 
 	w := &Writer{g: g, f: f, o: o, ctx: fctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
-	g.ownedBy(f, &attemptCut{o: o, cancel: cancel}, false)
+	g.ownedBy(f, &ownedAttempt{o: o, cancel: cancel}, false)
 	// Under the hard timeout, and on until the final write (ADRs 0007, 0008): end ends the
 	// attempt, here or after a final write that goes on past this call (ADR 0056).
 	stopHeartbeat := o.heartbeat(tctx, cancel)
