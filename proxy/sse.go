@@ -72,7 +72,8 @@ func complete(route string, t *tail) bool {
 	return false
 }
 
-// sseError is the event that ends a stream whose owner changed mid-answer.
+// sseError is the event that ends a stream an error interrupted mid-answer: the owner's
+// call changed (ErrGenerationChanged), or it ended with nobody to take it over.
 func sseError(err error) string {
 	msg := "the answer was interrupted: the upstream call streaming it stopped; retry the request"
 	if !errors.Is(err, singleflight.ErrGenerationChanged) {

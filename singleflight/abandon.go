@@ -2,26 +2,28 @@ package singleflight
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"time"
 )
 
-// An owned call nobody waits for is cut (ADR 0074). Here, a caller waits from DoWith until
-// it closes its Reader or its CallOptions.Context ends. Elsewhere, each local flight that
-// follows marks the flight in its meta (lookup.lua, claim.lua) and takes the mark off once
-// its lead ended without the answer (unwait.lua). Once no caller has waited here for
-// AbandonGrace, the owner asks Redis to cut the flight; renew.lua does so, atomically, only
-// when no other flight's mark stands, none asked that the call finish and the last left a
-// grace ago, and it is asked again with every renewal. A cut ends the flight in Redis
-// (state A), so that the next caller, anywhere, starts a new call at once, then cancels
-// the call.
+// An owned call nobody waits for is cut (ADRs 0074, 0080). Here, a caller waits from DoWith
+// until it closes its Reader; an Inline starter, which cannot close it while DoWith leads
+// on its goroutine, stops waiting when its CallOptions.Context ends. Elsewhere, each local
+// flight that follows marks the flight in its meta (lookup.lua, claim.lua) and takes the
+// mark off once its lead ended without the answer (unwait.lua). Once no caller has waited
+// here for AbandonGrace, the owner asks Redis to cut the flight; renew.lua does so,
+// atomically, only when no mark stands, none asked that the call finish, the last left a
+// grace ago and Redis has not gone back in time, and it is asked again with every renewal.
+// A cut writes a failed entry (r=cut) and ends the flight in Redis (state A), so that the
+// next caller, anywhere, starts a new call at once; then the call is cancelled.
 //
-// Invariant: a call is cut only when Redis (or, without Redis, this process) saw no caller
-// waiting for it at that instant; a flight whose shard cannot be asked is never cut.
+// Invariant: a call that Redis holds is cut only when Redis counted no caller waiting for
+// it at that instant, and never while its shard cannot be asked; a call that only this
+// process knows (in memory, local-only while its shard is down, or a flight Redis lost) is
+// cut when nobody here has waited for it for the grace.
 
-// attemptCut is the attempt owned here that a cut would end.
-type attemptCut struct {
+// ownedAttempt is the attempt owned here, which a cut would end.
+type ownedAttempt struct {
 	o      ownership
 	cancel context.CancelCauseFunc
 }
@@ -64,13 +66,13 @@ func (r *remote) markOf(f *flight) string {
 
 // mayCut reports whether the idle spell may end in a cut; f.mu held.
 func (f *flight) mayCut() bool {
-	return f.cut != nil && !f.idle.since.IsZero() && !f.finishAll
+	return f.owned != nil && !f.idle.since.IsZero() && !f.finishAll
 }
 
 // updateIdle starts or ends the idle spell of the attempt owned here as callers come and
 // go; f.mu held. A spell that ends because a caller came is one rejoined.
 func (g *Group) updateIdle(f *flight) {
-	idle := f.cut != nil && !f.ended && f.waiting() == 0
+	idle := f.owned != nil && !f.ended && f.waiting() == 0
 	if idle == !f.idle.since.IsZero() {
 		return
 	}
@@ -110,7 +112,7 @@ func (g *Group) emitIdle(f *flight) {
 
 // ownedBy records the attempt that runs here, or its end (a nil a) as cancelled or
 // finished; its idle spell starts at once if no caller waits.
-func (g *Group) ownedBy(f *flight, a *attemptCut, cancelled bool) {
+func (g *Group) ownedBy(f *flight, a *ownedAttempt, cancelled bool) {
 	defer g.emitIdle(f)
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -123,7 +125,7 @@ func (g *Group) ownedBy(f *flight, a *attemptCut, cancelled bool) {
 		}
 		g.endIdle(f, outcome)
 	}
-	f.cut = a
+	f.owned = a
 	g.updateIdle(f)
 }
 
@@ -140,7 +142,7 @@ func (g *Group) cutDue(f *flight) {
 		defer g.wg.Done()
 	}
 	f.mu.Lock()
-	a := f.cut
+	a := f.owned
 	due := f.mayCut() && time.Since(f.idle.since) >= g.opts.AbandonGrace
 	f.mu.Unlock()
 	if !due || !counted && a.o.remote() {
@@ -160,7 +162,7 @@ func (g *Group) cutDue(f *flight) {
 func (g *Group) cutAttempt(f *flight, o ownership) {
 	g.mu.Lock()
 	f.mu.Lock()
-	a := f.cut
+	a := f.owned
 	if a == nil || a.o != o {
 		f.mu.Unlock()
 		g.mu.Unlock()
@@ -181,28 +183,5 @@ func (g *Group) cutAttempt(f *flight, o ownership) {
 func (f *flight) noteUnread(n int) {
 	if !f.idle.since.IsZero() {
 		f.idle.unread += int64(n)
-	}
-}
-
-// unwait takes f's mark off a flight it followed, once its lead ended without the answer:
-// the owner may cut the call a grace later (unwait.lua). Without an answer from Redis the
-// mark stays, and the call runs to its end.
-func (r *remote) unwait(f *flight) {
-	if r.g.ctx.Err() != nil || r.unusable(f.key) {
-		return
-	}
-	if r.g.hooks.unwaiting != nil {
-		r.g.hooks.unwaiting(false)
-		defer r.g.hooks.unwaiting(true)
-	}
-	f.mu.Lock()
-	finish := f.finishAll
-	f.mu.Unlock()
-	k := r.keys(f.key)
-	ctx, cancel := r.watchedOp(r.g.ctx, k.meta)
-	defer cancel()
-	err := unwaitScript.Run(ctx, r.rdb, []string{k.meta}, r.markOf(f), flag(finish)).Err()
-	if err != nil && !errors.Is(err, context.Canceled) {
-		_ = r.redisErr("unwait", f.key, err)
 	}
 }

@@ -198,7 +198,12 @@ func TestInlineCallerWhoseContextEndsIsCut(t *testing.T) {
 // twoInstances returns two Groups on one Redis, with fast renewals unless slow: then only
 // the grace's own request asks a's flights to be cut.
 func twoInstances(t *testing.T, grace time.Duration, slow bool) (a, b *Group, rec *recorder) {
-	srv := backend{name: "redis", redis: redistest.Start(t)}
+	return twoInstancesOn(t, redistest.Start(t), grace, slow)
+}
+
+// twoInstancesOn is twoInstances on a server of the test's.
+func twoInstancesOn(t *testing.T, server *redistest.Server, grace time.Duration, slow bool) (a, b *Group, rec *recorder) {
+	srv := backend{name: "redis", redis: server}
 	rec = newRecorder()
 	o := Options{AbandonGrace: grace, HeartbeatInterval: 50 * time.Millisecond, LeaseTTL: 2 * time.Second, ResultTTL: time.Minute}
 	oa := o
@@ -551,9 +556,9 @@ func failsAt(gate <-chan struct{}) Func {
 	}
 }
 
-// A follower that took its flight over keeps the mark it left while it followed: that mark
-// is its own, not a caller elsewhere's, and once its callers all left the call is cut a
-// grace later.
+// A follower that takes its flight over takes off the mark it left while it followed: that
+// mark is its own, not a caller elsewhere's, and once its callers all left the call is cut
+// a grace later.
 func TestOwnMarkFromFollowingDoesNotKeepTheCall(t *testing.T) {
 	a, b, _ := twoInstances(t, 20*time.Millisecond, false)
 	key := uniqueKey()
@@ -576,8 +581,8 @@ func TestOwnMarkFromFollowingDoesNotKeepTheCall(t *testing.T) {
 	b.mu.Lock()
 	mark := "w:" + b.rem().markOf(b.flights[key])
 	b.mu.Unlock()
-	if ok, err := b.rem().rdb.HExists(context.Background(), b.rem().keys(key).meta, mark).Result(); !ok || err != nil {
-		t.Fatalf("b's mark %s in the meta: %v %v; want it there, left from following", mark, ok, err)
+	if ok, err := b.rem().rdb.HExists(context.Background(), b.rem().keys(key).meta, mark).Result(); ok || err != nil {
+		t.Fatalf("b's mark %s in the meta: %v %v; want it taken off by b's claim", mark, ok, err)
 	}
 	rb.Close()
 	c.waitCut(t)

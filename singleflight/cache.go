@@ -1,6 +1,9 @@
 package singleflight
 
-import "time"
+import (
+	"bytes"
+	"time"
+)
 
 type storedResult struct {
 	head Head
@@ -51,6 +54,17 @@ func (g *Group) keepFor(key string, head Head, body []byte, age, ttl time.Durati
 	defer g.cacheMu.Unlock()
 	g.cache.add(key, storedResult{head: head, body: body, at: time.Now().Add(-age), ttl: ttl})
 	return head
+}
+
+// forgetKept drops key's answer kept here if it is body: an answer whose final write was
+// fenced is not the flight's, which another owner ended (ADR 0027: its local readers got
+// it; later callers get the flight's).
+func (g *Group) forgetKept(key string, body []byte) {
+	g.cacheMu.Lock()
+	defer g.cacheMu.Unlock()
+	if sr, ok := g.cache.get(key); ok && bytes.Equal(sr.body, body) {
+		g.cache.remove(key)
+	}
 }
 
 func (g *Group) resultTTL(res Result) time.Duration {

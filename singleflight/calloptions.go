@@ -26,7 +26,8 @@ type CallOptions struct {
 	// Finish asks that the call run to its end and its answer be kept even if no caller
 	// waits for it any more: any caller of a flight that asks it makes it so (ADR 0074).
 	Finish bool
-	// Context, if set, is the caller's: once it ends, the caller no longer waits, even while
-	// an Inline DoWith leads on its goroutine and it cannot close its Reader (ADR 0074).
+	// Context, if set, is an Inline starter's: once it ends while DoWith leads on its
+	// goroutine, where the caller cannot close its Reader, the caller no longer waits. Every
+	// other caller stops waiting when it closes its Reader (ADR 0074).
 	Context context.Context
 }

@@ -42,12 +42,12 @@
 //
 // # States
 //
-//	          claim (absent, D without stored result, F, or R with lease run out)
+//	          claim (absent, D without stored result, F, A, or R with lease run out)
 //	(none) ───────────────────────────────► R ──complete──► D ──linger──► (expired)
-//	                                        │ ▲
-//	                                  fail  │ │ claim by a contender after jitter
-//	                                        ▼ │ (attempt+1 ≤ MaxAttempts)
-//	                                        F
+//	                                        │ ▲ │
+//	                                  fail  │ │ └──cut (nobody waits, ADR 0074)──► A
+//	                                        ▼ │ claim by a contender after jitter
+//	                                        F   (attempt+1 ≤ MaxAttempts)
 //
 // # Rules
 //
@@ -55,9 +55,10 @@
 //     PEXPIRE durations, and Go code measures with the monotonic clock. The landing gate alone adds
 //     a monotonic wait to a Redis time, and decides no lease (ADR 0021). Scripts that write
 //     after TIME need effect replication, the default since Redis 5.
-//   - Lease, not lock: one goroutine per process renews every lease, then publishes an
-//     alive message; a lease whose final write is being made is renewed late (ADRs 0007,
-//     0008). The heartbeat lives under Options.Timeout: no zombie owner.
+//   - Lease, not lock: one goroutine per process renews every lease, in a pipeline per
+//     shard (a hung master fails only its own), then publishes an alive message; a lease
+//     whose final write is being made is renewed late (ADRs 0007, 0008, 0081). The
+//     heartbeat lives under Options.Timeout: no zombie owner.
 //   - Fencing: renew, append, complete and fail compare the whole token; claim.lua compares
 //     the token and the state the claimer saw (ADRs 0002, 0003).
 //   - Restore: an owner puts back a meta Redis lost only while its lease runs by Redis's
@@ -92,8 +93,9 @@
 //
 // # Streaming
 //
-// What the owner writes reaches local readers at once and the stream in batches of at most
-// BatchDelay or BatchBytes, the first at once (ADR 0017). A new generation resets the log:
+// What the owner writes reaches local readers at once, and the stream in batches: the first
+// at once, each next BatchDelay after the one before or as soon as BatchBytes are pending,
+// with all that is pending then (ADR 0017). A new generation resets the log:
 // a reader that has delivered bytes of the old one gets ErrGenerationChanged; one that has
 // not moves on. Past StreamMaxLen entries the rest comes with the final write, and a
 // follower that finds a gap delivers no hole (ADRs 0004, 0005).
@@ -122,10 +124,12 @@
 //   - The Inline retry (lead.go retry; run.go retryAfterJitter for memory): started when an
 //     Inline flight's attempt failed, so that its caller gets its failure at once (ADR
 //     0025); it takes the lead over.
-//   - The renewer (renewer.go loop), and a late renewal (renewLater): started by the first
-//     owned lease; they read remoteOwnership's atomics, cancel an attempt whose lease was
-//     lost (its cancel func), cut one Redis cut (abandon.go cutAttempt), and publish alive.
-//   - The hub's sender and receiver (internal/wake): started by the first Watch or Listen.
+//   - The renewer (renewer.go loop), its round's shards (renew.go goRenew, publishAlive)
+//     and a late renewal (renewLater): started by the first owned lease; they read
+//     remoteOwnership's atomics, cancel an attempt whose lease was lost (its cancel func),
+//     cut one Redis cut (abandon.go cutAttempt), and publish alive.
+//   - The hub's sender and receiver (internal/wake): started by the first Watch or Listen;
+//     the sender opens the connection, on a Cluster master wake.go hubNode picks.
 //     The receiver runs purge.go's listener and wakes watches, which runs a park's hook
 //     (it only starts a resume). An alive channel's silence timer wakes them too.
 //   - The probe (degrade.go probe): started by the first shard to go down; the confirming
@@ -155,7 +159,8 @@
 // walkthroughs.md follows three cases through the code, step by step, with the tests
 // that hold each: an owner dies mid-stream; Redis hangs under an owner; a stale owner
 // wakes. It also lists every way a follower calls the upstream itself, and where an
-// answer is stored and how another instance finds it.
+// answer is stored and how another instance finds it. When each step happens is told by
+// the simulator's stories (sim/testdata/stories), checked against the code by its tests.
 //
 // # Glossary
 //
@@ -172,12 +177,12 @@
 //   - generation: one attempt in the stream (opened by a gen entry) and in the local log.
 //   - takeover: a claim of a flight whose attempt failed or whose lease ran out.
 //   - lookup: lookup.lua, sent by a leader (which may claim) or by a follower's look.
-//   - look: a follower's lookup of its flight's meta, at its lease's end or sooner (look.go:
-//     follower.look, lookAt, recheck).
+//   - look: a follower's lookup of its flight's meta, when its clock says (clock.go next;
+//     look.go follower.look, recheck).
 //   - alive message: what an instance publishes after each round of renewals, naming the
 //     tokens it stopped renewing (ADR 0009).
-//   - trust: how long a follower believes its owner instance's alive messages: at most
-//     Timeout plus a lease after its last look found the attempt running (ADR 0009).
+//   - trust: how long a follower believes its owner instance's alive messages after a look
+//     found its attempt running: as long as it has followed, one to ten leases (ADR 0082).
 //   - park: a waiting follower with no goroutine, hooked to what can wake it (ADR 0015).
 //   - fence, fencing token: the token every owner write is compared against (ADR 0002).
 //   - landing gate: answered.go's check that sends back a caller that may have joined after
@@ -192,10 +197,10 @@
 //     flight starts (Group.lead) and ends; coordinator.go: the two backends, local.go
 //     (memory) and remote.go (Redis).
 //   - lead.go: the leader's state machine (ADR 0052); follow.go and look.go: the follower's
-//     wait and its look-ups; stream.go: the wire format of entries; hit.go: a stored answer.
+//     wait and its look-ups; clock.go: when it looks next, and why (ADR 0083); stream.go: the wire format of entries; hit.go: a stored answer.
 //   - internal/wake (the connection, its watches, alive state; wake.go wires it): pub/sub wake-ups;
 //     park.go: waiting without a goroutine.
-//   - owner.go, remote_owner.go, writer.go, renewer.go: owning an attempt.
+//   - owner.go, remote_owner.go, writer.go, renewer.go, renew.go: owning an attempt.
 //   - decision.go: typed replies of lua/*.lua; batch.go: group commit, per shard (ADRs 0016, 0063).
 //   - abandon.go: who still waits, and the cut of a call nobody waits for (ADR 0074).
 //   - degrade.go, refusal.go, check.go: a failing Redis; answered.go: the landing gate;

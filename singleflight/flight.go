@@ -45,12 +45,12 @@ type flight struct {
 	landed                int64
 	landedAt              time.Time // owned here: when the final write was sent
 	// Abandonment (abandon.go, ADR 0074): whether anyone still waits for the call.
-	seq         uint64      // this flight among the Group's, in its mark in Redis
-	starterGone bool        // the starter's caller ended before it could close its Reader
-	finishAll   bool        // a caller asked that the call finish even if nobody waits
-	cut         *attemptCut // the attempt owned here, while it runs
-	idle        idleSpell   // no caller waits here for the attempt owned here
-	idleTimer   *time.Timer // cuts the attempt once the spell has lasted the grace
+	seq         uint64        // this flight among the Group's, in its mark in Redis
+	starterGone bool          // the starter's caller ended before it could close its Reader
+	finishAll   bool          // a caller asked that the call finish even if nobody waits
+	owned       *ownedAttempt // the attempt owned here, while it runs, which a cut would end
+	idle        idleSpell     // no caller waits here for the attempt owned here
+	idleTimer   *time.Timer   // cuts the attempt once the spell has lasted the grace
 }
 
 func newFlight(key, lkey string, noCache bool, fn Func, cancel context.CancelCauseFunc) *flight {

@@ -57,47 +57,32 @@ var followMoves = moves[followState]{
 // with its leader by the goroutine in run; a park hands both to the resume it starts.
 type follower struct {
 	l      *leader
-	start  time.Time
 	stream string
 	w      *watch
-	// The owner instance's alive messages stand for this attempt while trusted (ADR 0009).
-	alive      *watch // the owner's alive channel
-	aliveOf    string
-	deadline   time.Time // when to look again: the lease's end, or sooner to re-read
-	since      time.Time // when deadline was set: only alive messages heard later extend it
-	leaseEnd   time.Time // when the owner's lease runs out, as far as we know
-	looks      int       // looks in a row that found the meta moved on before the stream said so
-	read       bool      // read the stream before waiting
-	polling    bool      // the wait is a poll while the pub/sub connection is down
-	trustFor   string
-	trustUntil time.Time
-	// renewed: a look found this attempt's lease moved on, or its owner wrote; only then do
-	// its instance's alive messages speak for it (ADR 0059).
-	renewed bool
-	// outage: Redis could not be asked since the last look it answered, while the callers
-	// had bytes; lateUntil: until when the first look after it waits for a late final
-	// write of an attempt whose lease ran out (ADR 0060).
-	outage    bool
-	lateUntil time.Time
-	ending    followEnd // with followEnded: how the follow ended
+	alive  *watch // the owner instance's alive channel (ADR 0009)
+	// aliveOf: the instance alive watches; the clock follows pos.token.
+	aliveOf string
+	clock   followClock // when to look next, and why (clock.go)
+	waiting lookReason  // why the wait under way ends when its timer fires
+	looks   int         // looks in a row that found the meta moved on before the stream said so
+	read    bool        // read the stream before waiting
+	ending  followEnd   // with followEnded: how the follow ended
 }
 
 func (r *remote) newFollower(l *leader, remaining time.Duration, readNow bool) (*follower, bool) {
 	if r.g.hooks.beforeFollow != nil {
 		r.g.hooks.beforeFollow()
 	}
-	fw := &follower{l: l, start: time.Now(), stream: r.keys(l.f.key).stream}
+	now := time.Now()
+	fw := &follower{l: l, stream: r.keys(l.f.key).stream}
 	w, err := r.wake.Watch(fw.stream)
 	if err != nil {
 		r.g.observe(Event{Kind: EventWait, Key: l.f.key})
 		return nil, false
 	}
 	fw.w = w
-	fw.since = time.Now()
-	fw.deadline = fw.since.Add(remaining)
-	fw.leaseEnd = fw.deadline
+	fw.clock = newClock(now, r.g.opts.LeaseTTL, r.recheckEvery, remaining, l.pos.token)
 	fw.read = readNow // what is there already does not wait for the confirmation
-	fw.trust()
 	return fw, true
 }
 
@@ -130,7 +115,7 @@ func (fw *follower) loop(ev wakeEvent) followEnd {
 			if fw.alive != nil {
 				fw.alive.Close()
 			}
-			fw.l.r.g.observe(Event{Kind: EventWait, Key: fw.l.f.key, Duration: time.Since(fw.start)})
+			fw.l.r.g.observe(Event{Kind: EventWait, Key: fw.l.f.key, Duration: time.Since(fw.clock.start)})
 			return fw.ending
 		}
 		followMoves.check("follow", st, next)
@@ -180,19 +165,9 @@ func (fw *follower) wait() followState {
 	if fw.read {
 		return followRead
 	}
-	at, byAlive := fw.lookAt()
-	if byAlive {
-		at = fw.trustUntil // the hub wakes us if the alive messages stop
-	}
+	at, why := fw.next()
 	wait := max(time.Until(at), 0)
-	if r.recheckEvery > 0 {
-		wait = min(wait, r.recheckEvery)
-	}
-	// With the pub/sub connection down, poll: the reads tell whether the shard answers.
-	fw.polling = r.wake.Down() && wait > pollEvery
-	if fw.polling {
-		wait = pollEvery
-	}
+	fw.waiting = why
 	ev := fw.ready(wait)
 	if ev == evNone {
 		fw.park(wait)
@@ -201,32 +176,42 @@ func (fw *follower) wait() followState {
 	return fw.on(ev)
 }
 
+// next is the clock's next look, by what the hub heard of the owner's instance.
+func (fw *follower) next() (time.Time, lookReason) {
+	return fw.clock.next(time.Now(), fw.aliveView())
+}
+
+// aliveView is what the hub heard of the owner's instance, for this follower.
+func (fw *follower) aliveView() aliveView {
+	r := fw.l.r
+	a := aliveView{listening: fw.alive != nil, pubsubDown: r.wake.Down()}
+	if a.listening {
+		a.until, a.moving = r.wake.AliveUntil(fw.alive.Channel(), fw.l.pos.token)
+		a.unconfirmed = r.wake.UnconfirmedSince(fw.stream)
+	}
+	a.blindShard = r.sharded() && r.degradedFor(fw.l.f.key)
+	return a
+}
+
 // heardAlive acts on the owner's instance falling silent or naming tokens gone.
 func (fw *follower) heardAlive() followState {
-	if fw.l.pos.token != fw.trustFor {
-		fw.trust()
-	}
 	if slices.Contains(fw.alive.TakeGone(), fw.l.pos.token) {
-		// Look it up now; the first time, take its lease as over (ADRs 0009, 0011).
-		if !fw.trustUntil.IsZero() {
-			fw.leaseEnd = time.Now()
-		}
-		fw.trustUntil = time.Time{}
-		fw.deadline = time.Now()
+		fw.clock.gone(time.Now()) // look it up now (ADRs 0009, 0011)
 	}
 	return followWait
 }
 
-// timerFired waits on while the owner says it is alive, else looks (or, polling, reads).
+// timerFired reads while the pub/sub connection is down; otherwise it waits on while the
+// owner says it is alive, and looks.
 func (fw *follower) timerFired() followState {
 	r := fw.l.r
-	if at, _ := fw.lookAt(); !fw.polling && time.Until(at) > 0 && r.recheckEvery == 0 {
-		fw.looks = 0 // the owner said it is alive since the wait began
-		return followWait
-	}
-	if fw.polling {
+	if fw.waiting == readPubsub {
 		fw.read = true
 		return followRead
+	}
+	if at, _ := fw.next(); time.Until(at) > 0 && r.recheckEvery == 0 {
+		fw.looks = 0 // the owner said it is alive since the wait began
+		return followWait
 	}
 	if r.g.hooks.readGap != nil {
 		r.g.hooks.readGap()
@@ -275,10 +260,9 @@ func (fw *follower) take() followState {
 		if g.hooks.afterEntries != nil {
 			g.hooks.afterEntries()
 		}
-		fw.renewed = true // the owner is at work
-		fw.since = time.Now()
-		fw.leaseEnd = fw.since.Add(g.opts.LeaseTTL)
-		fw.deadline, fw.looks = fw.leaseEnd, 0
+		fw.clock.entries(time.Now())
+		fw.clock.owner(time.Now(), pos.token) // a gen entry's claim is no owner at work (ADR 0059)
+		fw.looks = 0
 	}
 	return followWait
 }
@@ -288,7 +272,7 @@ func (fw *follower) take() followState {
 // owner's late final write may land (ADR 0060).
 func (fw *follower) outlastUntil() time.Time {
 	o := fw.l.r.g.opts
-	return fw.start.Add(o.Timeout + o.LeaseTTL + o.Linger)
+	return fw.clock.start.Add(o.Timeout + o.LeaseTTL + o.Linger)
 }
 
 // waitOutage waits for the flight's shard to be usable again: its callers have bytes of
@@ -298,10 +282,11 @@ func (fw *follower) waitOutage() followState {
 	if !time.Now().Before(fw.outlastUntil()) {
 		return fw.end(followEnd{kind: followRedisErr})
 	}
-	fw.outage, fw.read, fw.polling = true, true, false
-	ev := fw.ready(pollEvery)
+	fw.clock.outlasting()
+	fw.read, fw.waiting = true, lookBlind
+	ev := fw.ready(outageRead)
 	if ev == evNone {
-		fw.park(pollEvery)
+		fw.park(outageRead)
 		return followHeld
 	}
 	return fw.on(ev)

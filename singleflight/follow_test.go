@@ -115,8 +115,8 @@ func silentOwner(g *Group) (silence func()) {
 // A follower that heard its owner's instance say it is alive after its look-up, so that the
 // last alive message's lease ends after the lease the look-up gave it, and then heard no
 // more: the hub's silence timer wakes it a lease after the last message, and it must look
-// its flight up then and take over, not park again until the trust (the hard timeout) runs
-// out.
+// its flight up then and take over, not park again until its trust runs out. The follow is
+// made ten leases old first, so that the trust outlasts a lease by ten (ADR 0082).
 func TestFollowerTakesOverWhenOwnerFallsSilent(t *testing.T) {
 	b := backend{name: "redis", redis: redistest.Start(t)}
 	o := Options{LeaseTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, Timeout: time.Minute}
@@ -137,25 +137,45 @@ func TestFollowerTakesOverWhenOwnerFallsSilent(t *testing.T) {
 		default:
 		}
 	}
+	looked := make(chan decision, 16)
+	fg.hooks.looked = func(d decision) {
+		select {
+		case looked <- d:
+		default:
+		}
+	}
 	second := newReply("second")
 	second.release()
+	followed := time.Now()
 	rf, _ := fg.Do(key, false, second.fn)
 	waitCond(t, 5*time.Second, "following", func() bool { return fg.flightRole(key) == RoleFollower })
-	channel := fg.rem().wake.AliveChannel(a.opts.InstanceID)
-	// Alive messages recorded after the follower's look-up: their lease ends after its own.
-	for range 3 {
-		<-heard
+	// Each look that finds the attempt running trusts the alive messages for the follow's
+	// age: the first look once the follow is ten leases old trusts them ten leases on.
+	for {
+		select {
+		case d := <-looked:
+			if d.verdict != verdictFollow {
+				t.Fatalf("look found %v; want the attempt running", d.verdict)
+			}
+		case <-time.After(10 * o.LeaseTTL):
+			t.Fatal("no look within ten leases")
+		}
+		if time.Since(followed) >= 10*o.LeaseTTL {
+			break
+		}
 	}
+	channel := fg.rem().wake.AliveChannel(a.opts.InstanceID)
 	waitCond(t, 5*time.Second, "alive recorded", func() bool {
 		until, _ := fg.rem().wake.AliveUntil(channel, "")
 		return !until.IsZero()
 	})
 	<-heard
+	<-heard
 	silence()
 	start := time.Now()
-	if got := readWithin(rf, 5*time.Second); got.body != "second" {
-		t.Fatalf("follower of a silent owner got (%q, %v) after %v; want a takeover once a lease passed without alive messages (~%v)",
-			got.body, got.err, time.Since(start).Round(time.Millisecond), o.LeaseTTL)
+	if got := readWithin(rf, 5*o.LeaseTTL); got.body != "second" {
+		t.Fatalf("follower of a silent owner got (%q, %v) after %v; want a takeover once a lease passed without alive messages (~%v), not once its trust of %v ran out",
+			got.body, got.err, time.Since(start).Round(time.Millisecond), o.LeaseTTL, 10*o.LeaseTTL)
 	}
 }
 

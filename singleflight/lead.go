@@ -24,7 +24,8 @@ const (
 // leadMoves is the lead's transition table: the states each may be followed by. leadEnded
 // and leadDetached end run; a detached lead goes on from the state it detached in (leadRetry
 // to leadContend, leadFollow and leadCatchUp to what follows the follow), on the goroutine
-// that picks it up. See ADRs 0052, 0076.
+// that picks it up; leadLocal's goes on in run.go retryAfterJitter, which ends the flight.
+// See ADRs 0052, 0076.
 var leadMoves = moves[leadState]{
 	leadLookup:   to(leadClaim, leadOwn, leadFollow, leadLocal, leadEnded),
 	leadClaim:    to(leadLookup, leadContend, leadOwn, leadFollow, leadCatchUp, leadLocal, leadEnded),
@@ -61,11 +62,11 @@ type leader struct {
 	reason   takeover // why we contend
 	role     Role     // the role reported for the flight
 
-	fresh     bool // no attempt of its key seen yet (claim.lua may restart the count)
-	marked    bool // a lookup or claim may have marked the flight waited for by f (ADR 0074)
-	answered  bool // the lead ended with the flight's answer: Redis's flight is over
-	contended bool // the jitter before a takeover was waited
-	caughtUp  bool // the stream was read for a finished newer attempt
+	fresh      bool // no attempt of its key seen yet (claim.lua may restart the count)
+	marked     bool // a lookup or claim may have marked the flight waited for by f (ADR 0074)
+	flightOver bool // Redis's flight is over for this lead (answered, or cut): its mark needs no unwait
+	contended  bool // the jitter before a takeover was waited
+	caughtUp   bool // the stream was read for a finished newer attempt
 
 	fw   *follower  // the follow in progress
 	site followSite // what the lead does when it ends
@@ -102,7 +103,7 @@ func (l *leader) run(st leadState) bool {
 		case leadLocal:
 			next = l.local()
 		case leadEnded:
-			if l.marked && !l.answered {
+			if l.marked && !l.flightOver {
 				l.r.unwait(l.f) // no mark stays of callers that wait no more (ADR 0074)
 			}
 			return true
@@ -132,7 +133,7 @@ func (l *leader) lookup() leadState {
 		return leadLocal
 	}
 	var candidate string
-	if l.pos.last == "" || l.caughtUp {
+	if (l.pos.last == "" || l.caughtUp) && l.canCall() {
 		candidate = r.newToken(l.ctx)
 		if !r.usableAfterVerdict(l.ctx, f.key) {
 			return leadLocal // the token's owner-seq timed out: one deadline is all a caller waits
@@ -155,7 +156,7 @@ func (l *leader) lookup() leadState {
 	case verdictHit:
 		l.decide(RoleHit)
 		r.serveHit(f, d, &l.pos)
-		l.answered = true
+		l.flightOver = true
 		return leadEnded
 	case verdictFollow:
 		return leadFollow
@@ -166,16 +167,19 @@ func (l *leader) lookup() leadState {
 // claim takes over a flight nobody runs: after reading the stream for a newer attempt that
 // finished (ADR 0006), and after the jitter for a failed or expired one (ADR 0003).
 func (l *leader) claim() leadState {
-	r, g, f, seen := l.r, l.r.g, l.f, l.d
-	if seen.seen == seenDone && l.pos.last != "" && !l.caughtUp {
+	r, g, f, prev := l.r, l.r.g, l.f, l.d // prev: the lookup the claim compares against
+	if prev.seen == seenDone && l.pos.last != "" && !l.caughtUp {
 		l.caughtUp = true
 		return leadCatchUp
 	}
-	if t := takeoverOf(seen.seen); t != takeoverNone && !l.contended {
+	if t := takeoverOf(prev.seen); t != takeoverNone && !l.contended {
 		if l.reason == takeoverNone {
 			l.reason = t
 		}
 		return leadContend
+	}
+	if !l.canCall() {
+		return leadEnded
 	}
 	token := r.newToken(l.ctx)
 	if !r.usableAfterVerdict(l.ctx, f.key) {
@@ -186,7 +190,7 @@ func (l *leader) claim() leadState {
 	}
 	mark, callers := f.mark()
 	l.marked = true
-	d, err := r.claim(l.ctx, f.key, token, seen, l.fresh, f.call, mark, callers)
+	d, err := r.claim(l.ctx, f.key, token, prev, l.fresh, f.call, mark, callers)
 	if err != nil {
 		return leadLocal
 	}
@@ -203,7 +207,7 @@ func (l *leader) claim() leadState {
 		return leadEnded
 	}
 	if l.reason == takeoverNone {
-		l.reason = takeoverOf(seen.seen)
+		l.reason = takeoverOf(prev.seen)
 	}
 	return leadOwn
 }
@@ -243,7 +247,7 @@ func (l *leader) own() leadState {
 	end, res, _ := g.own(withAttempt(l.ctx, a), f, newRemoteOwnership(l.r, f, l.d))
 	switch end {
 	case attemptDone, attemptAbandoned:
-		l.answered = true // done, or cut: no mark counts any more
+		l.flightOver = true // done, or cut: no mark counts any more
 		return leadEnded
 	case attemptLeaseLost:
 		if !f.canUseNewGen() {
@@ -276,7 +280,13 @@ func (l *leader) local() leadState {
 		ctx = withAttempt(ctx, Attempt{Takeover: takeoverDegraded.String()}) // leadLocal numbers it
 	}
 	l.decide(RoleOwner)
-	if g.leadLocal(ctx, f, l.failures+1) {
+	if l.marked && !l.flightOver {
+		// Its callers wait for this call now, not Redis's: the mark comes off, once Redis
+		// can take it (ADR 0080).
+		l.r.unwait(f)
+		l.marked = false
+	}
+	if g.ownLocally(ctx, f, l.failures+1) {
 		return leadEnded
 	}
 	return leadDetached
@@ -325,6 +335,12 @@ func (l *leader) resume(ev wakeEvent) {
 	}
 }
 
+// canCall reports whether a call of this lead's would serve anyone: a flight that has begun
+// needs a reader that can use a new generation (ADR 0026). Every claim asks it.
+func (l *leader) canCall() bool {
+	return !l.f.begun() || l.f.canUseNewGen()
+}
+
 // followed is the state after a follow that ended as end.
 func (l *leader) followed(end followEnd) leadState {
 	g, f := l.r.g, l.f
@@ -334,7 +350,7 @@ func (l *leader) followed(end followEnd) leadState {
 	l.fw = nil
 	switch end.kind {
 	case followDone:
-		l.answered = l.ctx.Err() == nil // else its callers left
+		l.flightOver = l.ctx.Err() == nil // else its callers left
 		return leadEnded
 	case followLeft:
 		return leadEnded // no answer for callers who left
@@ -363,8 +379,8 @@ func (l *leader) followed(end followEnd) leadState {
 		l.reason = takeoverExpired
 	}
 	l.fresh = false
-	if !f.canUseNewGen() {
-		return leadEnded
+	if !l.canCall() {
+		return leadEnded // before the jitter: no claim would follow it
 	}
 	return leadContend
 }

@@ -10,7 +10,7 @@ func (memory) name() string { return "memory" }
 func (m memory) lead(ctx context.Context, f *flight) bool {
 	f.decide(RoleOwner)
 	m.g.observe(Event{Kind: EventRole, Key: f.key, Role: RoleOwner})
-	return m.g.leadLocal(ctx, f, 1)
+	return m.g.ownLocally(ctx, f, 1)
 }
 
 func (memory) check(context.Context) error { return nil }
@@ -37,9 +37,9 @@ func (localOwnership) complete(context.Context, final) error { return nil }
 func (localOwnership) abandon()                              {}
 func (localOwnership) cut(context.Context) bool              { return true }
 
-// leadLocal owns f in this process alone, attempt after attempt; false when another
+// ownLocally owns f in this process alone, attempt after attempt; false when another
 // goroutine ends f.
-func (g *Group) leadLocal(ctx context.Context, f *flight, attempt int) bool {
+func (g *Group) ownLocally(ctx context.Context, f *flight, attempt int) bool {
 	a := AttemptOf(ctx)
 	a.N = attempt
 	end, res, _ := g.own(withAttempt(ctx, a), f, localOwnership{})
@@ -48,6 +48,6 @@ func (g *Group) leadLocal(ctx context.Context, f *flight, attempt int) bool {
 	}
 	return g.retryAfterJitter(ctx, f, func() bool {
 		g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: takeoverFailed.String()})
-		return g.leadLocal(withAttempt(ctx, Attempt{Takeover: takeoverFailed.String()}), f, attempt+1)
+		return g.ownLocally(withAttempt(ctx, Attempt{Takeover: takeoverFailed.String()}), f, attempt+1)
 	})
 }

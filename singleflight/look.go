@@ -10,72 +10,22 @@ import (
 type lookResult uint8
 
 const (
-	lookGoOn  lookResult = iota // go on following: the deadline moved, or a read is asked for
-	lookBlind                   // Redis could not be asked: nothing was learnt of the attempt
-	lookEnd                     // the follow is over
+	lookGoOn   lookResult = iota // go on following: the clock moved, or a read is asked for
+	lookNoWord                   // Redis could not be asked: nothing was learnt of the attempt
+	lookEnd                      // the follow is over
 )
-
-// trust believes the current owner's alive messages for Timeout plus a lease (ADR 0009).
-func (fw *follower) trust() {
-	o := fw.l.r.g.opts
-	fw.trustFor, fw.trustUntil = fw.l.pos.token, time.Now().Add(o.Timeout+o.LeaseTTL)
-}
-
-// lookAt is when the follower looks its flight up unless something comes: its deadline,
-// or later while its trusted owner says it is alive, heard since the deadline was set.
-// byAlive says the alive messages set it: the hub wakes the follower when they stop.
-func (fw *follower) lookAt() (at time.Time, byAlive bool) {
-	at = fw.deadline
-	r := fw.l.r
-	if fw.l.pos.token != fw.trustFor {
-		fw.trust() // a new owner: trusted anew, once seen at work
-		fw.renewed = false
-	}
-	if !fw.renewed || fw.alive == nil || fw.trustUntil.IsZero() || r.sharded() && r.degradedFor(fw.l.f.key) {
-		return at, false // a Cluster's alive messages say nothing of a down shard (ADR 0023)
-	}
-	// moving: until moves with each alive message, and the hub wakes the follower when they
-	// stop; a bound below it does not move, and needs a timer.
-	until, moving := r.wake.AliveUntil(fw.alive.Channel(), fw.l.pos.token)
-	if since := r.wake.UnconfirmedSince(fw.stream); !since.IsZero() && since.Add(r.g.opts.LeaseTTL).Before(until) {
-		// Alive messages heard while the flight's own channel is not known to hold put its
-		// look-up off no further than a lease (ADR 0055).
-		until, moving = since.Add(r.g.opts.LeaseTTL), false
-	}
-	if !until.After(time.Now()) || !until.Add(-r.g.opts.LeaseTTL).After(fw.since) {
-		return at, false // silent for a lease: only the deadline counts
-	}
-	ext := until
-	if fw.trustUntil.Before(ext) {
-		ext = fw.trustUntil
-	}
-	if ext.After(at) {
-		return ext, moving && until.Before(fw.trustUntil)
-	}
-	return at, false
-}
 
 // look looks the flight up; an attempt said gone is waited on for its lease alone.
 func (fw *follower) look() followState {
-	known := fw.leaseEnd
-	if at, _ := fw.lookAt(); at.After(fw.leaseEnd) {
-		fw.leaseEnd = at // the owner said it is alive: its lease runs that long
-	}
+	fw.clock.looking(time.Now(), fw.aliveView())
 	switch fw.recheck() {
 	case lookEnd:
 		return followEnded
-	case lookBlind:
-		// A blind look extends no lease in a Cluster; on one server the alive messages
-		// heard stand (ADR 0023).
-		if fw.l.r.sharded() {
-			fw.leaseEnd = known
-		}
+	case lookNoWord:
+		fw.clock.blindLook(fw.l.r.sharded())
 		return followWait
 	}
-	fw.since = time.Now()
-	if !fw.saidGone() {
-		fw.trust()
-	}
+	fw.clock.looked(time.Now())
 	return followWait
 }
 
@@ -99,18 +49,15 @@ func (fw *follower) recheck() lookResult {
 	if r.g.hooks.looked != nil {
 		r.g.hooks.looked(d)
 	}
-	if fw.outage {
-		// The first answer after an outage: an owner that lost Redis too writes late.
-		fw.outage, fw.lateUntil = false, time.Now().Add(r.g.opts.LeaseTTL)
-	}
+	now := time.Now()
+	fw.clock.answered(now)
 	switch {
 	case d.verdict == verdictFollow && d.token == pos.token:
-		fw.deadline, fw.looks = time.Now().Add(d.remaining), 0
-		fw.renewed = fw.renewed || fw.deadline.After(fw.leaseEnd)
-		fw.leaseEnd = fw.deadline
+		fw.clock.found(now, d.remaining)
+		fw.looks = 0
 		return lookGoOn
-	case d.verdict == verdictClaim && d.seen == seenAbsent && time.Now().Before(fw.leaseEnd):
-		fw.deadline = fw.leaseEnd // its owner puts it back while its lease runs (ADR 0010)
+	case d.verdict == verdictClaim && d.seen == seenAbsent && now.Before(fw.clock.leaseEnd):
+		fw.clock.restoring() // its owner puts it back while its lease runs (ADR 0010)
 		return lookGoOn
 	case d.verdict == verdictHit && d.token == pos.token:
 		r.serveHit(f, d, pos) // our attempt's own answer: readers go on where they are
@@ -118,7 +65,7 @@ func (fw *follower) recheck() lookResult {
 		return lookEnd
 	case d.verdict == verdictClaim && d.seen == seenExpired && d.token == pos.token:
 		if fw.waitsLate() {
-			fw.deadline = fw.lateUntil
+			fw.clock.late()
 			return lookGoOn
 		}
 		fw.end(followEnd{kind: followExpired})
@@ -127,7 +74,7 @@ func (fw *follower) recheck() lookResult {
 		// The stream before the meta (ADR 0006).
 		fw.looks++
 		fw.read = true
-		fw.deadline = time.Now().Add(20 * time.Millisecond)
+		fw.clock.rereading(now)
 		return lookGoOn
 	}
 	switch d.verdict {
@@ -137,9 +84,8 @@ func (fw *follower) recheck() lookResult {
 		return lookEnd
 	case verdictFollow:
 		pos.switchTo(f, d)
-		fw.deadline, fw.looks = time.Now().Add(d.remaining), 0
-		fw.leaseEnd = fw.deadline
-		fw.read = true
+		fw.clock.switched(now, d.remaining, d.token)
+		fw.looks, fw.read = 0, true
 		return lookGoOn
 	}
 	fw.end(followEnd{kind: followExpired})
@@ -150,12 +96,8 @@ func (fw *follower) recheck() lookResult {
 // outage: its owner, which may have lost Redis too, makes its final write once Redis answers
 // it, unless it said the token gone; the token decides whether it lands (ADR 0060).
 func (fw *follower) waitsLate() bool {
-	return !fw.saidGone() && time.Now().Before(fw.lateUntil) && !fw.l.f.canUseNewGen()
-}
-
-// saidGone reports whether the owner's instance said the followed token gone (see heardAlive).
-func (fw *follower) saidGone() bool {
-	return fw.trustFor == fw.l.pos.token && fw.trustUntil.IsZero()
+	c := &fw.clock
+	return !c.saidGone() && time.Now().Before(c.lateUntil) && !fw.l.f.canUseNewGen()
 }
 
 // blind is a look Redis did not answer: look again while the lease runs, unless Redis
@@ -163,15 +105,12 @@ func (fw *follower) saidGone() bool {
 func (fw *follower) blind() lookResult {
 	now := time.Now()
 	if !fw.l.f.canUseNewGen() && now.Before(fw.outlastUntil()) {
-		fw.outage, fw.deadline = true, now.Add(pollEvery)
-		return lookBlind
+		fw.clock.blind(now, true)
+		return lookNoWord
 	}
-	if now.Before(fw.leaseEnd) && !fw.l.r.hangingFor(fw.l.f.key) {
-		fw.deadline = now.Add(pollEvery)
-		if fw.leaseEnd.Before(fw.deadline) {
-			fw.deadline = fw.leaseEnd
-		}
-		return lookBlind
+	if now.Before(fw.clock.leaseEnd) && !fw.l.r.hangingFor(fw.l.f.key) {
+		fw.clock.blind(now, false)
+		return lookNoWord
 	}
 	fw.end(followEnd{kind: followRedisErr})
 	return lookEnd

@@ -124,33 +124,6 @@ func TestFollowerFinishesWhenNewFlightClaimsAfterEnd(t *testing.T) {
 	}
 }
 
-// TestAliveHeardBeforeDeadlineDoesNotPutOffLook: a look asked for soon (a re-read after the
-// meta disagreed, or a newer attempt's end to find) waits for alive messages heard after
-// it was asked for, not for one heard before.
-func TestAliveHeardBeforeDeadlineDoesNotPutOffLook(t *testing.T) {
-	g := New(Options{Redis: redistest.Start(t).Client(), LeaseTTL: time.Second})
-	t.Cleanup(func() { g.Close(context.Background()) })
-	ch := g.rem().wake.AliveChannel("owner-instance")
-	w, err := g.rem().wake.Watch(ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	l := &leader{r: g.rem(), ctx: context.Background(), f: &flight{key: uniqueKey()}, pos: position{token: "1-owner-instance-1"}}
-	fw := &follower{l: l, alive: w, renewed: true}
-	fw.trust()
-	g.rem().wake.Heard(ch, nil)
-	fw.since = time.Now()
-	fw.deadline = fw.since.Add(20 * time.Millisecond)
-	if at, byAlive := fw.lookAt(); byAlive || !at.Equal(fw.deadline) {
-		t.Fatalf("look at %v (by alive %v); want the deadline %v", at, byAlive, fw.deadline)
-	}
-	g.rem().wake.Heard(ch, nil)
-	if at, byAlive := fw.lookAt(); !byAlive || !at.After(fw.deadline) {
-		t.Fatalf("look at %v (by alive %v); want later than the deadline %v, by alive", at, byAlive, fw.deadline)
-	}
-}
-
 // A short Redis outage (a restart without persistence) costs no call, however long the
 // follower had been waiting when it came: a follower kept waiting past the lease its lookup
 // gave it by its owner's alive messages goes on counting on them while Redis does not
@@ -185,43 +158,6 @@ func TestFollowerWaitsOutARedisRestartLateInItsWait(t *testing.T) {
 	}
 	if n, tk := rp.calls.Load(), recB.count(EventTakeover); n != 1 || tk != 0 {
 		t.Fatalf("%d upstream calls, %d takeovers by the follower's instance; want 1 and 0", n, tk)
-	}
-}
-
-// TestAliveMessagesPutOffNoLookOfAnUnconfirmedChannel: an owner instance's alive messages
-// speak for all its flights; while this flight's own channel is not known to hold, they
-// put its look-up off no further than a lease from when it stopped holding.
-func TestAliveMessagesPutOffNoLookOfAnUnconfirmedChannel(t *testing.T) {
-	g := New(Options{Redis: redistest.Start(t).Client(), LeaseTTL: time.Second})
-	t.Cleanup(func() { g.Close(context.Background()) })
-	hub := g.rem().wake
-	ch := hub.AliveChannel("owner-instance")
-	w, err := hub.Watch(ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
-	stream := g.rem().keys(uniqueKey()).stream
-	l := &leader{r: g.rem(), ctx: context.Background(), f: &flight{key: uniqueKey()}, pos: position{token: "1-owner-instance-1"}}
-	fw := &follower{l: l, alive: w, stream: stream, renewed: true}
-	fw.trust()
-	fw.since = time.Now()
-	fw.deadline = fw.since.Add(20 * time.Millisecond)
-	hub.SetUnconfirmed(stream, time.Now().Add(-2*time.Second))
-	hub.Heard(ch, nil)
-	if at, byAlive := fw.lookAt(); byAlive || !at.Equal(fw.deadline) {
-		t.Fatalf("unconfirmed for two leases: look at %v (by alive %v); want the deadline %v", at, byAlive, fw.deadline)
-	}
-	// Unconfirmed since a moment after the wait began, before the message was heard: the
-	// message counts up to then, and no further message moves it.
-	since := fw.since.Add(time.Nanosecond)
-	hub.SetUnconfirmed(stream, since)
-	if at, byAlive := fw.lookAt(); byAlive || !at.Equal(since.Add(time.Second)) {
-		t.Fatalf("unconfirmed since %v: look at %v (by alive %v); want a lease after it, by a timer", since, at, byAlive)
-	}
-	hub.SetUnconfirmed(stream, time.Time{}) // Redis confirmed it
-	if at, byAlive := fw.lookAt(); !byAlive || !at.After(fw.deadline) {
-		t.Fatalf("confirmed: look at %v (by alive %v); want later than the deadline %v, by alive", at, byAlive, fw.deadline)
 	}
 }
 

@@ -36,7 +36,8 @@ type Options struct {
 	// longest a caller waits on a Redis that hangs. The client should have
 	// ContextTimeoutEnabled, so that the bound also cuts a read in progress. If zero, 1s.
 	RedisTimeout time.Duration
-	// BatchDelay and BatchBytes bound a batch of streamed bytes. If zero, 5ms and 16 KiB.
+	// A batch of streamed bytes is appended BatchDelay after the one before, or as soon as
+	// BatchBytes are pending; it holds all that is pending then. If zero, 5ms and 16 KiB.
 	BatchDelay time.Duration
 	BatchBytes int
 	// StreamMaxLen caps the entries of one flight's stream. If zero, 10000 is used.

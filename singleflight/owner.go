@@ -9,7 +9,8 @@ import (
 )
 
 // ownership is what an owner needs from its coordinator: the fenced writes of one attempt.
-// Every method answers ErrLeaseLost when the attempt's token is no longer the flight's.
+// A write that Redis refuses because the attempt's token is no longer the flight's answers
+// ErrLeaseLost (a heartbeat cancels the call with it).
 type ownership interface {
 	// heartbeat keeps the lease while ctx lasts, until stop; a refusal cancels the call.
 	heartbeat(ctx context.Context, cancel context.CancelCauseFunc) (stop func())
@@ -66,7 +67,7 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	f.startGen(RoleOwner, true)
 
 	w := &Writer{g: g, f: f, o: o, ctx: fctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{})}
-	g.ownedBy(f, &attemptCut{o: o, cancel: cancel}, false)
+	g.ownedBy(f, &ownedAttempt{o: o, cancel: cancel}, false)
 	// Under the hard timeout, and on until the final write (ADRs 0007, 0008): end ends the
 	// attempt, here or after a final write that goes on past this call (ADR 0056).
 	stopHeartbeat := o.heartbeat(tctx, cancel)
@@ -86,11 +87,12 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 	}()
 
 	res, err := callOwner(tctx, f.fn, w)
-	// Returned, the call is not cut: its final write decides (ADR 0074).
-	g.ownedBy(f, nil, errors.Is(context.Cause(fctx), ErrAbandoned))
-	// An answer returned before anything ended its context is whole: its local readers get
-	// it even if the final flush or write is fenced (ADR 0027).
-	whole := err == nil && res.Outcome != Retry && context.Cause(tctx) == nil
+	// An answer the function returned without an error is whole, whatever ended its context
+	// meanwhile: its local readers get it even if its final write is fenced (ADR 0027), and
+	// a cut that landed as it returned does not throw it away: the final write decides
+	// (ADR 0074).
+	whole := err == nil && res.Outcome != Retry
+	g.ownedBy(f, nil, !whole && errors.Is(context.Cause(fctx), ErrAbandoned))
 	w.closeAndFlush()
 	w.flusher.Wait()
 
@@ -125,14 +127,15 @@ func (g *Group) own(ctx context.Context, f *flight, o ownership) (attemptEnd, Re
 }
 
 // goOn makes a final write again, after its caller was answered, while Redis does not
-// answer and the lease runs, then ends the attempt. A closing Group does not wait for it.
-func (g *Group) goOn(o ownership, key, op string, end func()) {
+// answer and the lease runs, then ends the attempt and acts on how the write ended. A
+// closing Group stops its retries.
+func (g *Group) goOn(o ownership, key, op string, end func(), ended func(error)) {
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
 		err := o.again(g.ctx)
 		end()
-		g.writeEnded(o, key, op, err)
+		ended(err)
 	}()
 }
 
@@ -154,12 +157,19 @@ func (g *Group) completeAttempt(wctx context.Context, f *flight, o ownership, w 
 	if g.hooks.completed != nil {
 		g.hooks.completed()
 	}
+	// Refused, the write still leaves the local readers their whole answer (ADR 0027), but
+	// not later callers: the flight's answer is another owner's.
+	ended := func(err error) {
+		g.writeEnded(o, f.key, "complete", err)
+		if store && errors.Is(err, ErrLeaseLost) {
+			g.forgetKept(f.key, fin.transcript)
+		}
+	}
 	// Redis did not answer within one deadline: the callers here are answered now, the
 	// write goes on, and a caller that joins from now on looks again (ADRs 0021, 0056).
 	if handed = o.goesOn(); !handed {
 		end()
-		// Refused, the write still leaves the local readers their whole answer (ADR 0027).
-		g.writeEnded(o, f.key, "complete", cerr)
+		ended(cerr)
 	}
 	// Gated unless refused: a write whose reply was lost may have landed (ADR 0021).
 	if o.remote() && !errors.Is(cerr, ErrLeaseLost) && !errors.Is(cerr, ErrFlightGone) {
@@ -167,7 +177,7 @@ func (g *Group) completeAttempt(wctx context.Context, f *flight, o ownership, w 
 	}
 	f.finish(res.Head, res.Body)
 	if handed {
-		g.goOn(o, f.key, "complete", end)
+		g.goOn(o, f.key, "complete", end, ended)
 	}
 	return handed
 }
@@ -189,7 +199,7 @@ func (g *Group) failAttempt(wctx context.Context, f *flight, o ownership, res Re
 	}
 	ferr := o.fail(wctx, res, reason)
 	if handed = o.goesOn(); handed {
-		g.goOn(o, f.key, "fail", end)
+		g.goOn(o, f.key, "fail", end, func(err error) { g.writeEnded(o, f.key, "fail", err) })
 	} else {
 		end()
 		g.writeEnded(o, f.key, "fail", ferr)

@@ -59,13 +59,13 @@ func (fw *follower) park(wait time.Duration) {
 	p := &parking{fw: fw, w: fw.w, alive: fw.alive}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.w.SetHook(func() { p.fire(evNotify) })
+	p.w.OnWake(func() { p.fire(evNotify) })
 	if p.alive != nil {
-		p.alive.SetHook(func() { p.fire(evAlive) })
+		p.alive.OnWake(func() { p.fire(evAlive) })
 	}
 	p.timer = time.AfterFunc(wait, func() { p.fire(evTimer) })
 	p.stopCtx = context.AfterFunc(fw.l.ctx, func() { p.fire(evCtx) })
-	// A wake-up between ready and the hooks left its mark on the channel.
+	// A wake-up between ready and the hooks left its signal on the channel.
 	if len(p.w.Notify()) > 0 {
 		p.fire(evNotify)
 	} else if p.alive != nil && len(p.alive.Notify()) > 0 {
@@ -86,24 +86,24 @@ func (p *parking) resume(ev wakeEvent) {
 		h()
 	}
 	p.mu.Lock()
-	p.w.SetHook(nil)
+	p.w.OnWake(nil)
 	if p.alive != nil {
-		p.alive.SetHook(nil)
+		p.alive.OnWake(nil)
 	}
 	p.timer.Stop()
 	p.stopCtx()
 	p.mu.Unlock()
-	// The wake-up's mark is taken as ready would have taken it.
+	// The wake-up's signal is taken as ready would have taken it.
 	switch ev {
 	case evNotify:
-		takeMark(p.w.Notify())
+		drainSignal(p.w.Notify())
 	case evAlive:
-		takeMark(p.alive.Notify())
+		drainSignal(p.alive.Notify())
 	}
 	p.fw.l.resume(ev)
 }
 
-func takeMark(c <-chan struct{}) {
+func drainSignal(c <-chan struct{}) {
 	select {
 	case <-c:
 	default:

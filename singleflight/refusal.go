@@ -57,7 +57,9 @@ func Refused(err error) Refusal {
 	switch {
 	case strings.HasPrefix(msg, "NOAUTH"), strings.HasPrefix(msg, "WRONGPASS"):
 		return RefusedAuth
-	case strings.HasPrefix(msg, "NOPERM"), strings.Contains(msg, "The user executing the script can't"):
+	case strings.HasPrefix(msg, "NOPERM"),
+		strings.Contains(msg, "The user executing the script can't"), // a script's refusal, Redis 7.0
+		strings.Contains(msg, "ACL failure in script"):               // Redis 7.2 and later, Valkey
 		return RefusedPermission
 	case strings.Contains(msg, "DB index is out of range"):
 		return RefusedDB

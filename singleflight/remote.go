@@ -61,6 +61,7 @@ type remote struct {
 	wake    *wakeHub      // the pub/sub connection followers wait on
 	renewer *renewer      // every owned lease, renewed in one batch
 	batch   batcher       // lookups and completes, in pipelines when many run at once
+	unwaits unwaits       // marks to take off that Redis did not answer (unwait.go)
 	local   atomic.Uint64 // makes tokens unique within this process
 	// recheckEvery, if set, caps a follower's wait between looks (tests).
 	recheckEvery time.Duration

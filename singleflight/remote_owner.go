@@ -93,31 +93,32 @@ func (o *remoteOwnership) heartbeat(ctx context.Context, cancel context.CancelCa
 }
 
 func (o *remoteOwnership) renewArgs() []any {
-	idle, self, callers := o.cutArgs()
-	return o.args(o.token, o.r.g.opts.LeaseTTL.Milliseconds(), o.r.runningTTL(), idle, o.r.g.opts.AbandonGrace.Milliseconds(), self, callers)
+	idle, callers := o.cutArgs()
+	return o.args(o.token, o.r.g.opts.LeaseTTL.Milliseconds(), o.r.runningTTL(), idle, o.r.g.opts.AbandonGrace.Milliseconds(), callers)
 }
 
 // cutArgs are what renew.lua needs to cut a call nobody waits for (ADR 0074): how long
-// nobody has waited here (empty while one does, or one asked to finish), the owner's own
-// mark (left from when its flight followed), which a cut does not count, and the callers
+// nobody has waited here (empty while one does, or one asked to finish), and the callers
 // waiting here.
-func (o *remoteOwnership) cutArgs() (idle, self string, callers int) {
+func (o *remoteOwnership) cutArgs() (idle string, callers int) {
 	f := o.f
 	f.mu.Lock()
 	callers = f.waiting()
 	may, since := f.mayCut(), f.idle.since
 	f.mu.Unlock()
 	if !may {
-		return "", "", callers
+		return "", callers
 	}
-	return strconv.FormatInt(time.Since(since).Milliseconds(), 10), o.r.markOf(f), callers
+	return strconv.FormatInt(time.Since(since).Milliseconds(), 10), callers
 }
 
 // cutRenew is renew.lua's answer that it cut the flight.
 const cutRenew = -2
 
 // cut asks Redis to cut the flight now, with a renewal that says how long nobody has
-// waited here; false (the lease renewed, or Redis not asked) leaves the call running.
+// waited here; false (the lease renewed, or Redis not asked) leaves the call running. A
+// flight Redis lost past its lease has no follower anywhere (their looks find it gone): it
+// is cut here alone.
 func (o *remoteOwnership) cut(ctx context.Context) bool {
 	if o.cutIn.Load() {
 		return true // Redis cut it already; a caller that came meanwhile has left too
@@ -129,12 +130,33 @@ func (o *remoteOwnership) cut(ctx context.Context) bool {
 	defer cancel()
 	sent := mono(time.Now())
 	v, err := o.renewRun(ctx).Int64()
-	if err == nil && v == cutRenew {
-		o.cutIn.Store(true)
+	if err == nil && (v == cutRenew || v == -1) {
+		o.cutIn.Store(true) // cutDue carries the cut out
 		return true
 	}
 	_ = o.renewed(sent, v, err)
 	return false
+}
+
+// cutLearned acts on Redis's word that the flight is cut, whichever reply brought it (a
+// renewal's, an append's), when cut did not: the first to learn it carries the cut out,
+// even if the reply of the renewal that cut was lost (ADR 0074).
+func (o *remoteOwnership) cutLearned() {
+	if !o.cutIn.Swap(true) {
+		o.r.g.cutAttempt(o.f, o)
+	}
+}
+
+// idleFor is how long nobody has waited here for the attempt, if nobody does and none
+// asked that it finish.
+func (o *remoteOwnership) idleFor() (time.Duration, bool) {
+	f := o.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.mayCut() {
+		return 0, false
+	}
+	return time.Since(f.idle.since), true
 }
 
 func (o *remoteOwnership) renewCmd(ctx context.Context, p redis.Pipeliner) *redis.Cmd {
@@ -177,7 +199,7 @@ func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, da
 		return errStreamFull
 	}
 	if err == nil && v == cutRenew {
-		o.cutIn.Store(true) // cut meanwhile: the cut cancels the call (ADR 0074)
+		o.cutLearned() // cut meanwhile, its renewal's reply perhaps lost (ADR 0074)
 		return nil
 	}
 	if err == nil && v == 1 {
@@ -212,6 +234,9 @@ func (o *remoteOwnership) complete(ctx context.Context, fin final) error {
 }
 
 func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) error {
+	if o.cutIn.Load() {
+		return nil // the cut ended the attempt in Redis (ADR 0074)
+	}
 	status, header := "", encodeHead(res.Head) // once: the write may be made again
 	if res.Head.Status != 0 {
 		status = strconv.Itoa(res.Head.Status)
@@ -225,11 +250,9 @@ func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) e
 }
 
 // final makes a final write once (none while the flight's shard is degraded), and keeps
-// it to be made again (see again).
+// it to be made again (see again). A whole answer is written even to a flight this owner
+// cut: nobody claimed it since, and the answer is kept (complete.lua, ADR 0074).
 func (o *remoteOwnership) final(ctx context.Context, op string, write func(context.Context) (int64, error)) error {
-	if o.cutIn.Load() {
-		return nil // no flight in Redis to end (ADR 0074)
-	}
 	o.finalPending.Store(true)
 	o.op, o.write, o.wctx = op, write, ctx
 	return o.try()

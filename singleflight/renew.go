@@ -223,10 +223,7 @@ func (rn *renewer) renewedOne(rl *renewal, sent int64, cmd *redis.Cmd) {
 	g := rn.r.g
 	v, err := cmd.Int64()
 	if err == nil && v == cutRenew || rl.o.cutIn.Load() {
-		// Cut (ADR 0074): by this renewal, or by one that cut sent meanwhile.
-		if !rl.o.cutIn.Swap(true) {
-			g.cutAttempt(rl.o.f, rl.o)
-		}
+		rl.o.cutLearned() // by this renewal, or by a reply that told of it meanwhile (ADR 0074)
 		return
 	}
 	err = rl.o.renewed(sent, v, err)
@@ -242,12 +239,16 @@ func (rn *renewer) renewedOne(rl *renewal, sent int64, cmd *redis.Cmd) {
 	case errors.Is(err, ErrLeaseLost):
 		rl.cancel(ErrLeaseLost)
 	case errors.Is(err, ErrFlightGone):
-		// The call goes on for this process's callers alone (ADR 0011).
+		// The call goes on for this process's callers alone (ADR 0011), and is cut here
+		// once none has waited for the grace: no follower elsewhere can find it.
 		rn.mu.Lock()
 		delete(rn.owned, rl)
 		rn.sayGone(rl.o.token)
 		rn.mu.Unlock()
 		g.observe(Event{Kind: EventHeartbeatFailed, Key: rl.o.key, Err: err})
+		if d, idle := rl.o.idleFor(); idle && d >= g.opts.AbandonGrace {
+			rl.o.cutLearned()
+		}
 	case err != nil && rl.ctx.Err() == nil:
 		g.observe(Event{Kind: EventHeartbeatFailed, Key: rl.o.key, Err: err})
 	}

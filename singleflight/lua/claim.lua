@@ -5,7 +5,8 @@
 -- ARGV[7] fresh ("1": a new caller, may restart the attempt count of a flight that gave up)
 -- ARGV[8] seen_state (R, F, D, A; '' = absent)  ARGV[9] linger_ms
 -- ARGV[10] route  ARGV[11] model   (shown by the flights listing)
--- ARGV[12] ARGV[13] the local flight and its callers, marked when it follows (see lookup.lua)
+-- ARGV[12] ARGV[13] the local flight and its callers, marked when it follows (see lookup.lua),
+--          its mark taken off when it claims
 -- returns {"owner", attempt, gen_id, lease_until, now_us}
 --      or {"follow", token, lease_remaining_ms, gen_id, attempt, now_us}   (now_us: as lookup's)
 --      or {"changed"}     the meta moved on since the claimer looked: look again
@@ -57,6 +58,10 @@ local gen = xadd(KEYS[2], {'t', 'gen', 'tok', ARGV[1], 'a', attempt}, now - tonu
 redis.call('HSET', KEYS[1], 'state', 'R', 'token', ARGV[1], 'owner', ARGV[3],
   'lease_until', int(now + tonumber(ARGV[4])), 'attempt', int(attempt), 'created', int(now), 'gen', gen, 'n', '0',
   'route', ARGV[10] or '', 'model', ARGV[11] or '')
+-- Its own mark, left from when it followed, is no caller waiting elsewhere (ADR 0074).
+if (ARGV[12] or '') ~= '' then
+  redis.call('HDEL', KEYS[1], 'w:' .. ARGV[3] .. ':' .. ARGV[12])
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 return {'owner', attempt, gen, now + tonumber(ARGV[4]), now_us}

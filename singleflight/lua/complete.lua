@@ -7,8 +7,8 @@
 -- ARGV[4] status  ARGV[5] header (JSON)  ARGV[6] data (not yet streamed)
 -- ARGV[7] transcript (the whole body)  ARGV[8] store ("1")  ARGV[9] result_ttl_ms
 -- ARGV[10] linger_ms
--- returns 1 completed (or already completed by me: safe to run twice), 0 fenced, -1 the
--- meta is gone and was not put back (see renew.lua)
+-- returns 1 completed (or already completed by me: safe to run twice; a flight it cut
+-- itself included), 0 fenced, -1 the meta is gone and was not put back (see renew.lua)
 -- then the six ARGV of restore.lua, which runs first if the meta is gone
 local m = owned(KEYS[1], KEYS[2], ARGV[1], 'token', 'n')
 if not m[1] then
@@ -20,7 +20,9 @@ end
 if m[1] == 'D' then
   return 1
 end
-if m[1] ~= 'R' then
+-- Cut (A) with this token: nobody claimed it since; an answer whole when the cut landed is
+-- still this owner's to end and store (ADR 0074).
+if m[1] ~= 'R' and m[1] ~= 'A' then
   return 0
 end
 -- The batches landed: the meta's count, or more where the owner knows more landed (a

@@ -14,7 +14,10 @@ import (
 
 // The invariants, checked on every run from its history: what each client got, each call
 // the upstream saw, each fault, and each answer Redis acknowledged storing. A fault
-// explains what it can cause for a while after it heals (settle); nothing else does.
+// explains what it can cause for a while after it heals (settle); nothing else does. That
+// no goroutine is left once the Groups close is synctest's own check: one still blocked
+// when the bubble's function returns fails the run as a deadlock, and one still ticking
+// keeps it from ending until the watchdog fails it.
 
 const forever = time.Duration(math.MaxInt64 / 2)
 
@@ -124,8 +127,9 @@ func (w *world) check() {
 	w.checkHits(calls)
 }
 
-// checkHits: once Redis acknowledged an answer for a key, a hit for that key serves it (or
-// a newer one), on every instance, until it expires: never another call's answer.
+// checkHits: a hit never serves an answer whose final write Redis refused (fenced: another
+// owner took the flight over, and the flight's answer is that owner's), on any instance,
+// once it was refused (before, an instance that cannot reach Redis answers for itself).
 func (w *world) checkHits(calls []call) {
 	for _, c := range w.clients {
 		if c.role != singleflight.RoleHit || c.first == 0 {
@@ -135,21 +139,27 @@ func (w *world) checkHits(calls []call) {
 		if len(ns) == 0 {
 			continue
 		}
-		served := calls[ns[0]-1]
-		for _, a := range w.acks {
-			if a.key != c.key || a.at >= c.asked || c.asked >= a.at+a.ttl || w.lost(a) {
-				continue
-			}
-			if a.call == 0 || served.n == a.call || w.up.startOf(served.n) > w.up.startOf(a.call) {
-				continue
-			}
-			if _, ok := w.explained(c.key, a.at, c.asked, c.inst.id); ok {
-				continue
-			}
-			w.violate("%s (%s, on %s) was served call %d as a hit at %s, after Redis acknowledged call %d's answer at %s",
-				c, c.key, c.inst.id, served.n, fmtAt(c.asked), a.call, fmtAt(a.at))
+		if at, ok := w.refused[ns[0]]; ok && at < c.asked {
+			w.violate("%s (%s, on %s) was served call %d as a hit at %s, whose final write Redis refused at %s",
+				c, c.key, c.inst.id, ns[0], fmtAt(c.asked), fmtAt(at))
 		}
 	}
+}
+
+// fencedAnswer records a call whose answer's final write Redis refused.
+func (w *world) fencedAnswer(body string) {
+	ns, _, ok := tokens([]byte(body))
+	if !ok || len(ns) == 0 {
+		return
+	}
+	w.mu.Lock()
+	if w.refused == nil {
+		w.refused = map[int]time.Duration{}
+	}
+	if _, ok := w.refused[ns[0]]; !ok {
+		w.refused[ns[0]] = w.now()
+	}
+	w.mu.Unlock()
 }
 
 // tokens splits a client's bytes into (call, chunk) pairs; chunk -1 is a failed answer.
@@ -324,7 +334,7 @@ func (w *world) faultSpans(key string, insts ...string) spans {
 		if to < 0 {
 			to = forever
 		}
-		ss = append(ss, span{f.start, to + w.settle()})
+		ss = append(ss, span{f.start, to + w.settle() + f.after})
 	}
 	return ss
 }
@@ -363,11 +373,12 @@ func (w *world) checkWait(c *client, cs []call) {
 // the call finish (restore.lua).
 func (w *world) checkCut(cl call, calls []call) {
 	o := w.cfg.opts
-	waiters := w.waitersOf(cl, calls)
+	waits := w.waitsFor(cl, calls)
 	if cl.ended && errors.Is(cl.cause, singleflight.ErrAbandoned) {
 		t := cl.end - 10*time.Millisecond // a client that asked as the cut landed could not stop it
-		for _, c := range waiters {
-			if c.asked <= t && c.done > cl.end {
+		for _, wt := range waits {
+			if wt.from <= t && wt.to > cl.end {
+				c := wt.c
 				if _, ok := w.explained(cl.key, c.asked, cl.end, c.inst.id, cl.inst); ok {
 					continue
 				}
@@ -381,19 +392,28 @@ func (w *world) checkCut(cl call, calls []call) {
 	if !cl.ended {
 		end = w.endAt()
 	}
-	var busy spans
-	insts := []string{cl.inst}
-	for _, c := range waiters {
-		if c.finish && c.asked <= end && c.done >= cl.start {
+	for _, c := range w.clients {
+		// finish stays in the meta across a flight's attempts, whose lives chain within a
+		// linger of each other (0074: a takeover keeps it).
+		if c.key == cl.key && c.finish && c.asked <= end && (c.done == 0 || c.done >= cl.start-o.Linger) {
 			return // asked to finish
 		}
-		busy = append(busy, span{c.asked, c.done})
-		insts = append(insts, c.inst.id)
+	}
+	var busy spans
+	insts := []string{cl.inst}
+	for _, wt := range waits {
+		busy = append(busy, wt.span)
+		insts = append(insts, wt.c.inst.id)
 	}
 	busy = append(busy, w.faultSpans(cl.key, insts...)...)
-	for _, f := range w.faultsCopy() {
+	faults := w.faultsCopy()
+	for _, f := range faults {
 		if f.loses && f.start <= end && f.end >= cl.start && (w.cl == nil || f.node == w.nodeOf(cl.key)) {
 			return // the meta was lost and put back: the call finishes (restore.lua)
+		}
+		if f.name == "shutdown" && w.unreachableDuring(faults, f) {
+			// An instance that closes while Redis cannot be asked leaves its marks (0080).
+			busy = append(busy, span{f.start, forever})
 		}
 	}
 	bound := o.AbandonGrace + o.HeartbeatInterval + 50*time.Millisecond
@@ -406,31 +426,52 @@ func (w *world) checkCut(cl call, calls []call) {
 	}
 }
 
-// waitersOf are the clients that may wait for call cl: of its key, answered by it or by
-// nothing, and on its instance or on one that ran no call of that key of its own meanwhile
-// (a local-only call while Redis could not be asked).
-func (w *world) waitersOf(cl call, calls []call) []*client {
-	var out []*client
+// wait is a client's time waiting for one call.
+type wait struct {
+	span
+	c *client
+}
+
+// waitsFor are the times clients may have waited for call cl: those of its key, until they
+// were answered by it, or by nothing, or until the call that answered them started; on its
+// instance, or on one that ran no call of that key of its own meanwhile (a local-only call
+// while Redis could not be asked).
+func (w *world) waitsFor(cl call, calls []call) []wait {
+	var out []wait
 	for _, c := range w.clients {
 		if c.key != cl.key || c.refused || c.inst == nil {
 			continue
 		}
-		if ns, _, _ := tokens(c.body); len(ns) > 0 {
-			if ns[0] == cl.n {
-				out = append(out, c)
+		to := c.done
+		if ns, _, _ := tokens(c.body); len(ns) > 0 && ns[0] != cl.n {
+			if by := calls[ns[0]-1]; by.start < to {
+				to = by.start
 			}
-			continue
 		}
 		own := false
 		for _, o := range calls {
 			own = own || o.key == cl.key && o.n != cl.n && o.inst == c.inst.id && c.inst.id != cl.inst &&
-				o.start < c.done && (!o.ended || o.end > c.asked)
+				o.start < to && (!o.ended || o.end > c.asked)
 		}
-		if !own {
-			out = append(out, c)
+		if !own && c.asked < to {
+			out = append(out, wait{span{c.asked, to}, c})
 		}
 	}
 	return out
+}
+
+// unreachableDuring reports whether sd's instance could not reach Redis while it shut down.
+func (w *world) unreachableDuring(faults []fault, sd fault) bool {
+	for _, f := range faults {
+		end := f.end
+		if end < 0 {
+			end = forever
+		}
+		if f.name != "shutdown" && (f.inst == "" || f.inst == sd.inst) && f.start <= sd.end && end+w.settle() >= sd.start {
+			return true
+		}
+	}
+	return false
 }
 
 func (w *world) faultsCopy() []fault {

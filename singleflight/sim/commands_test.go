@@ -85,8 +85,13 @@ func (r recorder) record(cmd redis.Cmder) {
 		return
 	}
 	w.stats.command(name)
-	if name == "complete" && reply == "completed" && len(cmd.Args()) > 14 && fmt.Sprint(cmd.Args()[13]) == "1" {
-		w.acked(key, fmt.Sprint(cmd.Args()[14]), fmt.Sprint(cmd.Args()[12]))
+	if a := cmd.Args(); name == "complete" && len(a) > 14 {
+		switch {
+		case reply == "completed" && argString(a[13]) == "1":
+			w.acked(key, argString(a[14]), argString(a[12]))
+		case reply == "fenced":
+			w.fencedAnswer(argString(a[12]))
+		}
 	}
 	if w.cfg.verbose == nil || !w.cfg.verbose(name, reply) {
 		return
@@ -97,6 +102,14 @@ func (r recorder) record(cmd redis.Cmder) {
 	} else {
 		w.hist.add(r.inst.id, kRedis, where, "%s → %s", name, reply)
 	}
+}
+
+// argString is a command's argument as Redis reads it.
+func argString(a any) string {
+	if b, ok := a.([]byte); ok {
+		return string(b)
+	}
+	return fmt.Sprint(a)
 }
 
 // summarize names a command, the flight key it is about, and its reply in a word or two.

@@ -84,16 +84,16 @@ func conformanceSteps() []step {
 	}
 	claim := func(meta, stream, token, seen, state string, maxAttempts int, fresh string) step {
 		return step{script: "claim", keys: []string{meta, stream},
-			args: []any{token, seen, "B", 3000, 33000, maxAttempts, fresh, state, 30000, "/r", "m", "1", 2}}
+			args: []any{token, seen, "B", 3000, 33000, maxAttempts, fresh, state, 30000, "/r", "m", "2", 2}}
 	}
 	appendStep := func(meta, stream, token string, n int, status, data string, maxLen int, until string) step {
 		return step{script: "append", keys: []string{meta, stream},
 			args: append([]any{token, n, status, `{"Content-Type":["text/event-stream"]}`, data, 33000, maxLen},
 				restoreArgs("A", 1, until, n-1)...)}
 	}
-	renew := func(meta, stream, token, idle string, grace int, mark string) step {
+	renew := func(meta, stream, token, idle string, grace int) step {
 		return step{script: "renew", keys: []string{meta, stream},
-			args: append([]any{token, 3000, 33000, idle, grace, mark, 1}, restoreArgs("A", 1, "", 0)...)}
+			args: append([]any{token, 3000, 33000, idle, grace, 1}, restoreArgs("A", 1, "", 0)...)}
 	}
 	complete := func(meta, stream, result, token string, landedN, skip int, store string) step {
 		return step{script: "complete", keys: []string{meta, stream, result},
@@ -125,16 +125,18 @@ func conformanceSteps() []step {
 		{cmd: []any{"XREAD", "COUNT", 100, "STREAMS", s1, "0"}},
 		{cmd: []any{"HGETALL", m1}},
 		// Renewals: plain, asked to cut while a follower's mark stands, after it left.
-		renew(m1, s1, "1-A-1", "", 2000, "A:1"),
-		renew(m1, s1, "1-A-1", "5000", 2000, "A:1"),
-		renew(m1, s1, "2-B-1", "", 2000, "A:1"),
+		renew(m1, s1, "1-A-1", "", 2000),
+		renew(m1, s1, "1-A-1", "5000", 2000),
+		renew(m1, s1, "2-B-1", "", 2000),
 		unwait(m1, "B:1", "0"),
 		unwait(m1, "B:1", "0"),
-		renew(m1, s1, "1-A-1", "5000", 60000, "A:1"),
+		renew(m1, s1, "1-A-1", "5000", 60000),
 		{pause: 5 * time.Millisecond, script: "renew", keys: []string{m1, s1},
-			args: append([]any{"1-A-1", 3000, 33000, "5000", 1, "A:1", 1}, restoreArgs("A", 1, "", 0)...)},
-		renew(m1, s1, "1-A-1", "", 2000, "A:1"),
+			args: append([]any{"1-A-1", 3000, 33000, "5000", 1, 1}, restoreArgs("A", 1, "", 0)...)},
+		renew(m1, s1, "1-A-1", "", 2000),
 		appendStep(m1, s1, "1-A-1", 4, "", "after the cut", 10000, ""),
+		{cmd: []any{"HGETALL", m1}},
+		complete(m1, s1, r1, "1-A-1", 0, 0, "0"), // its own cut flight: still its to end
 		{cmd: []any{"HGETALL", m1}},
 		// A cut flight is claimed at once; its answer is stored; then a hit, no-cache, max-age.
 		lookup(m1, r1, s1, "0", "3-A-2", "A", 3000, 0, "", 0),
@@ -163,9 +165,14 @@ func conformanceSteps() []step {
 		// A lease that runs out, and its takeover.
 		lookup(m3, r3, s3, "0", "7-A-1", "A", 1, 0, "", 0),
 		{pause: 5 * time.Millisecond, script: "lookup", keys: []string{m3, r3, s3},
-			args: []any{"0", "", "B", 3000, 33000, 30000, 0, "/r", "m", "B:2", 1}},
-		claim(m3, s3, "8-B-1", "7-A-1", "R", 3, "0"),
-		renew(m3, s3, "7-A-1", "", 2000, ""),
+			args: []any{"0", "", "B", 3000, 33000, 30000, 0, "/r", "m", "2", 1}},
+		claim(m3, s3, "8-B-1", "7-A-1", "R", 3, "0"), // takes its own mark, w:B:2, off
+		{cmd: []any{"HGETALL", m3}},
+		renew(m3, s3, "7-A-1", "", 2000),
+		// A renewal that finds the lease shorter than its owner knows: Redis went back.
+		{script: "renew", keys: []string{m3, s3},
+			args: append([]any{"8-B-1", 3000, 33000, "", 2000, 1}, restoreArgs("B", 2, "9999999999999", 0)...)},
+		{cmd: []any{"HGETALL", m3}},
 		complete(m3, s3, r3, "8-B-1", 0, 0, "0"),
 		lookup(m3, r3, s3, "0", "", "B", 3000, 0, "", 0),
 		// A meta Redis lost: put back within the lease, not past it.
@@ -354,8 +361,8 @@ func alike(a, b any) bool {
 }
 
 // near reports whether two numbers are equal, or close enough where they may be times: a
-// code or an attempt (below 5) must be equal; an age or what is left of a lease may differ
-// by a few ms, a TTL or a time in ms by less than the steps take, a time in µs likewise.
+// code or an attempt (below 5) must be equal; an age, what is left of a lease, a TTL or a
+// time in ms may differ by less than the steps take, a time in µs likewise.
 func near(a, b string) bool {
 	x, err1 := strconv.ParseFloat(a, 64)
 	y, err2 := strconv.ParseFloat(b, 64)
@@ -367,7 +374,7 @@ func near(a, b string) bool {
 	case v < 5:
 		tol = 0
 	case v < 1e4:
-		tol = 3
+		tol = 50
 	case v < 1e15:
 		tol = 200
 	default:

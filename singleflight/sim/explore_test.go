@@ -55,6 +55,7 @@ func explore(t *testing.T, seed int64, show bool) *world {
 	var hist atomic.Pointer[history]
 	stop := watchdog(seed, &progress, &hist)
 	defer stop()
+	seedGlobal(seed)
 	synctest.Test(t, func(t *testing.T) {
 		cfg, drive := scenario(seed)
 		cfg.progress = &progress

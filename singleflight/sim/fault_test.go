@@ -16,6 +16,8 @@ type fault struct {
 	inst       string        // the instance it hits; "" for Redis
 	node       string        // the Redis address it hits; "" for all (or an instance's fault)
 	loses      bool          // Redis lost data: answers stored before it may be gone
+	// after: how much longer than w.settle it may explain waits once it is over.
+	after time.Duration
 }
 
 func (w *world) addFault(f fault) {
@@ -114,6 +116,7 @@ func (w *world) restartRedis(at, down, snapshot time.Duration, i int) {
 	}
 	w.at(at, func() {
 		w.hist.add("redis", kFault, "", "%s stops", nodeName(n.addr))
+		w.eachLink("", n.addr, (*link).resetAll) // in a known order, before the server drops them
 		n.stop()
 	})
 	w.at(at+down, func() {
@@ -135,7 +138,8 @@ func (w *world) losePublish(at time.Duration, count int, i int) {
 // lostMessage records a message a node lost (its hook calls it, under the server's lock).
 func (w *world) lostMessage(n *node, channel string) {
 	now := w.now()
-	w.addFault(fault{name: "pub/sub message lost", start: now, end: now, node: n.addr})
+	// A follower that missed it believes its owner's alive messages ten leases at most (ADR 0082).
+	w.addFault(fault{name: "pub/sub message lost", start: now, end: now, node: n.addr, after: 10 * w.cfg.opts.LeaseTTL})
 	w.hist.add("redis", kFault, "", "%s loses a message on %s", nodeName(n.addr), channel)
 }
 

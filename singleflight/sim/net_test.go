@@ -129,12 +129,22 @@ func (l *link) slow(d time.Duration, on bool) {
 	l.changed = make(chan struct{})
 }
 
-// resetAll resets every connection on the link (a server that closed them all).
+// resetAll resets every connection on the link (a server that closed them all), one a µs
+// after another in the order they were made, on the caller's goroutine: all at one
+// instant, what their readers do next would race (see staggerLocked).
 func (l *link) resetAll() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	cs := make([]*conn, 0, len(l.conns))
 	for c := range l.conns {
+		cs = append(cs, c)
+	}
+	l.mu.Unlock()
+	slices.SortFunc(cs, func(a, b *conn) int { return a.seq - b.seq })
+	for _, c := range cs {
+		l.mu.Lock()
 		c.resetLocked()
+		l.mu.Unlock()
+		time.Sleep(time.Microsecond)
 	}
 }
 

@@ -153,5 +153,100 @@ the shutdown error; B's follower, woken by the failed entry, takes the flight ov
 			},
 			settle: 5 * time.Second,
 		},
+		{
+			name: "follower-with-bytes-missing-entries-makes-no-call",
+			about: `B's client has the first chunk of A's streamed call when a pub/sub message is lost
+and Redis restarts from a snapshot that does not hold the second chunk either. B reads on,
+finds a gap, and at the done entry looks the flight up: the answer was not stored, and its
+only caller has bytes no new call could continue, so B makes none (ADR 0026): its client
+gets an error, never a second call's bytes.`,
+			cfg: config{seed: 11, instances: 2, keys: stream, opts: optsResultTTL(-1),
+				plans: every(plan{chunks: 5, gap: 403 * time.Millisecond})},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 103 * time.Millisecond, on: "B", key: "k1"})
+				w.losePublish(701*time.Millisecond, 3, 0)
+				w.restartRedis(1009*time.Millisecond, 97*time.Millisecond, 511*time.Millisecond, 0)
+			},
+			settle: 5 * time.Second,
+		},
+		{
+			name: "stale-owners-whole-answer-is-no-hit",
+			about: `A is paused while its call runs; B takes the flight over and stores its call's answer.
+A resumes, its call returns whole, and A's clients get it (ADR 0027), but its final write
+is refused: the flight's answer is B's, and A drops its own from memory, so that every
+instance's next caller gets B's answer as a hit.`,
+			cfg: config{seed: 12, instances: 2, keys: unary, plans: every(plan{chunks: 1, gap: 1013 * time.Millisecond})},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 103 * time.Millisecond, on: "B", key: "k1"})
+				w.pause(509*time.Millisecond, 6007*time.Millisecond, "A")
+				w.ask(clientSpec{at: 9011 * time.Millisecond, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 9013 * time.Millisecond, on: "B", key: "k1"})
+			},
+			settle: time.Second,
+		},
+		{
+			name: "shutdown-takes-its-marks-off",
+			about: `A's client leaves; B's follower keeps A's call running with its mark. B shuts down:
+its lead ends and takes its mark off before B is closed, so A's next renewal cuts the
+call a grace later instead of running it to its end for nobody (ADR 0074).`,
+			cfg: config{seed: 13, instances: 2, keys: stream, plans: every(plan{chunks: 30, gap: 397 * time.Millisecond})},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1", leave: 509 * time.Millisecond})
+				w.ask(clientSpec{at: 103 * time.Millisecond, on: "B", key: "k1"})
+				w.shutdown(1711*time.Millisecond, 313*time.Millisecond, "B")
+			},
+			settle: 5 * time.Second,
+		},
+		{
+			name: "mark-left-in-an-outage-comes-off",
+			about: `B follows A's call; B is cut off from Redis, finds it so, and its client leaves: B
+cannot take its mark off then, and keeps it to send. Once B reaches Redis again it sends
+it, and A cuts the call a grace later, instead of running it to its end for nobody.`,
+			cfg: config{seed: 14, instances: 2, keys: stream, plans: every(plan{chunks: 40, gap: 397 * time.Millisecond})},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1", leave: 509 * time.Millisecond})
+				w.ask(clientSpec{at: 103 * time.Millisecond, on: "B", key: "k1", leave: 3307 * time.Millisecond})
+				w.partition(1013*time.Millisecond, 4019*time.Millisecond, "B")
+			},
+			settle: 5 * time.Second,
+		},
+		{
+			name: "restart-from-an-older-snapshot-keeps-the-call",
+			about: `Redis restarts from a snapshot taken before B's follower marked A's flight, while A's
+own client has left: the mark is lost, and A's renewal would cut the call under B. The
+renewal finds the lease and the batches shorter than A knows it wrote: Redis went back in
+time, no mark can be trusted, and the call finishes (renew.lua); B's client gets it whole.`,
+			cfg: config{seed: 15, instances: 2, keys: stream, plans: every(plan{chunks: 12, gap: 397 * time.Millisecond})},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1", leave: 1013 * time.Millisecond})
+				w.ask(clientSpec{at: 503 * time.Millisecond, on: "B", key: "k1"})
+				w.restartRedis(3511*time.Millisecond, 97*time.Millisecond, 307*time.Millisecond, 0)
+			},
+			settle: 5 * time.Second,
+		},
+		{
+			name: "a-lost-done-costs-no-more-than-the-wait-so-far",
+			about: `A owns two calls: k1 runs long, k2 is streamed to A's client and B's. The pub/sub
+message that k2 is done is lost on its way to B. A's instance goes on saying it is alive,
+for k1; B believes it only for as long as B has waited (one lease at least, ten at most),
+then looks k2 up and serves the stored answer (ADR 0082). No wait on a live instance lasts
+for ever on one lost message.`,
+			cfg: config{seed: 16, instances: 2, keys: map[string]keySpec{"k1": {stream: true}, "k2": {stream: true}},
+				plans: func(key string, _ int) plan {
+					if key == "k1" {
+						return plan{chunks: 1, gap: 30011 * time.Millisecond}
+					}
+					return plan{chunks: 6, gap: 449 * time.Millisecond}
+				}},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 51 * time.Millisecond, on: "A", key: "k2"})
+				w.ask(clientSpec{at: 103 * time.Millisecond, on: "B", key: "k2"})
+				w.losePublish(2503*time.Millisecond, 2, 0)
+			},
+			settle: time.Second,
+		},
 	}
 }

@@ -40,6 +40,7 @@ func TestStories(t *testing.T) {
 			// at one instant tells nothing.
 			var got string
 			for run := range 2 {
+				seedGlobal(s.cfg.seed)
 				synctest.Test(t, func(t *testing.T) {
 					if s.cfg.verbose == nil {
 						s.cfg.verbose = quiet
@@ -116,4 +117,35 @@ func diff(want, got string) string {
 		}
 	}
 	return ""
+}
+
+// TestStoriesTheDocsName: every story walkthroughs.md names exists, and every story is
+// named there, so that the prose and the timelines point at each other.
+func TestStoriesTheDocsName(t *testing.T) {
+	doc, err := os.ReadFile("../walkthroughs.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := map[string]bool{}
+	for _, para := range strings.Split(string(doc), "\n\n") {
+		if !strings.HasPrefix(para, "Stories: ") {
+			continue
+		}
+		parts := strings.Split(para, "`")
+		for i := 1; i < len(parts); i += 2 {
+			named[parts[i]] = true
+		}
+	}
+	have := map[string]bool{}
+	for _, s := range stories() {
+		have[s.name] = true
+		if !named[s.name] {
+			t.Errorf("story %s is named in no Stories: line of walkthroughs.md", s.name)
+		}
+	}
+	for n := range named {
+		if !have[n] {
+			t.Errorf("walkthroughs.md names story %s, which stories() does not tell", n)
+		}
+	}
 }

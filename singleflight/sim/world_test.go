@@ -38,6 +38,11 @@ type keySpec struct {
 	stream bool
 }
 
+// optsResultTTL is the options of a run that stores answers for ttl (negative: none).
+func optsResultTTL(ttl time.Duration) singleflight.Options {
+	return singleflight.Options{ResultTTL: ttl}
+}
+
 // defaults are the production defaults (config.example.yaml) where a run sets nothing.
 func (c *config) defaults() {
 	if c.instances == 0 {
@@ -90,7 +95,8 @@ type world struct {
 	clients []*client
 	faults  []fault
 	acks    []ack
-	wg      sync.WaitGroup // clients and scheduled events
+	refused map[int]time.Duration // calls whose answer's final write Redis refused, and when
+	wg      sync.WaitGroup        // clients and scheduled events
 	viol    []string
 	ended   time.Duration // when the run ended
 }

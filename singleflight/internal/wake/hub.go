@@ -10,7 +10,7 @@
 // UNSUBSCRIBE and PING, and the receiver, which alone reads the connection and runs
 // listeners and Config.Heard. An alive channel's
 // silence timer runs on a goroutine of its own. Everything they share is under Hub.mu; a
-// Watch's queue is under its own mutex. Wake-ups run a watcher's hook (SetHook) on the
+// Watch's queue is under its own mutex. Wake-ups run a watcher's hook (OnWake) on the
 // goroutine that woke it: a hook must not block.
 package wake
 

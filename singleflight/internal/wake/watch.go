@@ -12,7 +12,7 @@ type Watch[E any] struct {
 	queue  []E      // entries pushed, in order
 	resync bool     // (re)subscribed, or the connection broke: read the stream
 	gone   []string // tokens the owner said it no longer renews
-	hook   func()   // a parked follower's wake-up (see SetHook)
+	hook   func()   // a parked follower's wake-up (see OnWake)
 }
 
 // Watch subscribes to channel without waiting: each confirmation sets resync, so nothing
@@ -49,8 +49,8 @@ func (h *Hub[E]) Watch(channel string) (*Watch[E], error) {
 // Channel is the channel w watches.
 func (w *Watch[E]) Channel() string { return w.channel }
 
-// Notify has a mark, room for one, whenever there is something to Take (or TakeGone, on an
-// alive channel); whoever acts on it takes the mark.
+// Notify has a signal, room for one, whenever there is something to Take (or TakeGone, on an
+// alive channel); whoever acts on it takes the signal.
 func (w *Watch[E]) Notify() <-chan struct{} { return w.notify }
 
 func (w *Watch[E]) wake() {
@@ -66,9 +66,9 @@ func (w *Watch[E]) wake() {
 	}
 }
 
-// SetHook sets (or, with nil, clears) what a wake-up runs besides the mark on Notify: a
+// OnWake sets (or, with nil, clears) what a wake-up runs besides the signal on Notify: a
 // parked follower's resumption. It runs on the waking goroutine and must not block.
-func (w *Watch[E]) SetHook(fn func()) {
+func (w *Watch[E]) OnWake(fn func()) {
 	w.mu.Lock()
 	w.hook = fn
 	w.mu.Unlock()
