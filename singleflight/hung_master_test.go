@@ -138,8 +138,11 @@ func TestHungMasterDelaysNoNewInstance(t *testing.T) {
 			done <- out
 		}()
 	}
+	var slowest time.Duration
+	defer func() { t.Logf("the slowest new instance placed its flights in %v", slowest) }()
 	for range fresh {
 		s := <-done
+		slowest = max(slowest, s.took)
 		for _, k := range healthy {
 			if s.roles[k] != RoleFollower {
 				t.Errorf("a new instance's flight of %s, a healthy master's key, is %v (checked: %v); want a follower of B's call", k, s.roles[k], s.checked)
@@ -220,6 +223,7 @@ func hungMasterLeases(t *testing.T, renewing bool) {
 		}
 	}
 	failed := rec.countWhere(func(e Event) bool { return e.Kind == EventHeartbeatFailed && slices.Contains(healthy, e.Key) })
+	t.Logf("healthy renewals failed while X hung: %d", failed)
 	if failed > 0 {
 		t.Errorf("%d renewals of healthy masters' flights failed while X hung; want none", failed)
 	}
@@ -299,7 +303,9 @@ func TestHungMasterUnderTheHubWakesFollowers(t *testing.T) {
 			t.Fatalf("a caller on B got (%q, %v, %v); want A's answer", got.body, got.role, got.err)
 		}
 	}
-	if took := time.Since(released); took >= o.LeaseTTL/2 {
+	took := time.Since(released)
+	t.Logf("B's callers answered %v after A's answer landed", took)
+	if took >= o.LeaseTTL/2 {
 		t.Errorf("B's callers got A's answer %v after it landed; want within half a lease (%v): B's pub/sub connection leaves X", took, o.LeaseTTL/2)
 	}
 	if m := h.subscribedOn("b"); m == nil || m == x {
