@@ -165,14 +165,7 @@ func TestHungMasterDelaysNoOtherMastersLookups(t *testing.T) {
 	owned := newReply("b's answer")
 	release := once(owned.release)
 	t.Cleanup(release)
-	for _, k := range healthy {
-		r, err := b.Do(k, false, owned.fn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { r.Close() })
-	}
-	waitCond(t, 10*time.Second, "B owns the healthy keys", func() bool { return b.Owned() == len(healthy) })
+	own(t, b, healthy, owned)
 
 	a.rem().newToken(context.Background()) // A's block of owner-seq numbers, wherever it lives, is reserved
 	x.Pause()
