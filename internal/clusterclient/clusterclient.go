@@ -16,6 +16,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -31,7 +32,11 @@ func New(o *redis.ClusterOptions) *redis.ClusterClient {
 	l := &layout{o: nodeOptions(o), seeds: slices.Clone(o.Addrs), loopback: map[string]string{}}
 	dial := o.Dialer
 	if dial == nil {
-		dial = redis.NewDialer(&redis.Options{DialTimeout: o.DialTimeout, TLSConfig: o.TLSConfig})
+		d := o.DialTimeout
+		if d == 0 {
+			d = 5 * time.Second // go-redis's default
+		}
+		dial = redis.NewDialer(&redis.Options{DialTimeout: d, TLSConfig: o.TLSConfig})
 	}
 	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		return dial(ctx, network, l.announced(addr))
