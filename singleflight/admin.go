@@ -96,31 +96,9 @@ func (r *remote) flights(ctx context.Context, limit int) ([]FlightInfo, bool, er
 // scanFlights SCANs one server for meta keys, then reads them with its TIME in a pipeline.
 func (r *remote) scanFlights(ctx context.Context, c redis.Cmdable, limit int) ([]FlightInfo, bool, error) {
 	prefix := r.g.opts.KeyPrefix + ":meta:{"
-	match := globEscape(prefix) + "*"
-	var keys []string
-	var cursor uint64
-	more := false
-	for i := 0; ; i++ {
-		if i == flightsMaxScans {
-			more = true
-			break
-		}
-		batch, next, err := c.Scan(ctx, cursor, match, flightsScanBatch).Result()
-		if err != nil {
-			return nil, false, err
-		}
-		keys = append(keys, batch...)
-		cursor = next
-		if cursor == 0 {
-			break
-		}
-		if len(keys) >= 2*limit { // done and failed flights are skipped below
-			more = true
-			break
-		}
-	}
-	if len(keys) == 0 {
-		return nil, more, nil
+	keys, more, err := scanKeys(ctx, c, globEscape(prefix)+"*", 2*limit) // done and failed flights are skipped below
+	if err != nil || len(keys) == 0 {
+		return nil, more, err
 	}
 	pipe := c.Pipeline()
 	now := pipe.Time(ctx)
@@ -131,44 +109,12 @@ func (r *remote) scanFlights(ctx context.Context, c redis.Cmdable, limit int) ([
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, false, err
 	}
-	t := now.Val()
-	nowMs := t.UnixMilli()
+	nowMs := now.Val().UnixMilli()
 	var out []FlightInfo
 	for i, k := range keys {
-		m := fields[i].Val()
-		state := m["state"]
-		if state != "R" && state != "F" {
+		info, ok := flightInfo(strings.TrimSuffix(strings.TrimPrefix(k, prefix), "}"), fields[i].Val(), nowMs)
+		if !ok {
 			continue // done, cut, or gone since the SCAN
-		}
-		v := []any{m["owner"], m["lease_until"], m["attempt"], m["created"], m["oc"]}
-		info := FlightInfo{
-			Key:     strings.TrimSuffix(strings.TrimPrefix(k, prefix), "}"),
-			State:   "running",
-			Owner:   str(v, 0),
-			Attempt: int(num(v, 2)),
-			Age:     time.Duration(nowMs-num(v, 3)) * time.Millisecond,
-			Route:   m["route"],
-			Model:   m["model"],
-			Waiting: map[string]int{},
-		}
-		if _, ok := m["oc"]; ok { // written by each renewal
-			info.Waiting[info.Owner] = int(num(v, 4))
-		}
-		for f, n := range m {
-			if mark, ok := strings.CutPrefix(f, "w:"); ok {
-				if id, _, _ := strings.Cut(mark, ":"); id != info.Owner {
-					info.Waiting[id] += int(num([]any{n}, 0))
-				}
-			}
-		}
-		left := num(v, 1) - nowMs
-		switch {
-		case state == "F":
-			info.State = "failed"
-		case left <= 0:
-			info.State = "expired"
-		default:
-			info.LeaseLeft = time.Duration(left) * time.Millisecond
 		}
 		if len(out) == limit {
 			return out, true, nil
@@ -176,6 +122,65 @@ func (r *remote) scanFlights(ctx context.Context, c redis.Cmdable, limit int) ([
 		out = append(out, info)
 	}
 	return out, more, nil
+}
+
+// scanKeys SCANs one server for the keys match matches, until it has want of them or has
+// scanned flightsMaxScans batches; more says it stopped before the end.
+func scanKeys(ctx context.Context, c redis.Cmdable, match string, want int) (keys []string, more bool, err error) {
+	var cursor uint64
+	for range flightsMaxScans {
+		batch, next, err := c.Scan(ctx, cursor, match, flightsScanBatch).Result()
+		if err != nil {
+			return nil, false, err
+		}
+		keys, cursor = append(keys, batch...), next
+		if cursor == 0 {
+			return keys, false, nil
+		}
+		if len(keys) >= want {
+			return keys, true, nil
+		}
+	}
+	return keys, true, nil
+}
+
+// flightInfo is what a running or failed flight's meta m says of it; false for any other.
+func flightInfo(key string, m map[string]string, nowMs int64) (FlightInfo, bool) {
+	state := m["state"]
+	if state != "R" && state != "F" {
+		return FlightInfo{}, false
+	}
+	v := []any{m["owner"], m["lease_until"], m["attempt"], m["created"], m["oc"]}
+	info := FlightInfo{
+		Key:     key,
+		State:   "running",
+		Owner:   str(v, 0),
+		Attempt: int(num(v, 2)),
+		Age:     time.Duration(nowMs-num(v, 3)) * time.Millisecond,
+		Route:   m["route"],
+		Model:   m["model"],
+		Waiting: map[string]int{},
+	}
+	if _, ok := m["oc"]; ok { // written by each renewal
+		info.Waiting[info.Owner] = int(num(v, 4))
+	}
+	for f, n := range m {
+		if mark, ok := strings.CutPrefix(f, "w:"); ok {
+			if id, _, _ := strings.Cut(mark, ":"); id != info.Owner {
+				info.Waiting[id] += int(num([]any{n}, 0))
+			}
+		}
+	}
+	left := num(v, 1) - nowMs
+	switch {
+	case state == "F":
+		info.State = "failed"
+	case left <= 0:
+		info.State = "expired"
+	default:
+		info.LeaseLeft = time.Duration(left) * time.Millisecond
+	}
+	return info, true
 }
 
 // globEscape escapes the characters SCAN MATCH gives a meaning to.

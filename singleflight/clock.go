@@ -11,25 +11,30 @@ import (
 // fields it names; next alone turns it, with what the hub heard of the owner's instance,
 // into the one timer a wait arms.
 //
-//	field            set by                           what it bounds
-//	own, why         begin, entries, found, switched,  the look, unless alive messages put it off:
-//	                 restoring, late, reread, gone,    the lease the follower knows, a re-read, a
-//	                 blind                             poll, a late final write
-//	leaseEnd         begin, entries, found, switched,  how long a blind look asks again, and a meta
-//	                 gone, looking, blindLook          Redis lost is waited back (ADR 0010)
-//	since            begin, entries, looked            alive messages heard before it count for nothing
-//	renewed          entries, found, owner             alive messages count once the owner is seen at
-//	                                                   work (ADR 0059)
-//	token, trusted   begin, owner, looked, gone        alive messages count until trusted: the follow's
-//	                                                   age, one to ten leases (ADR 0082); zero: the
-//	                                                   owner's instance said the token gone (ADR 0009)
-//	outage, lateUntil blind, outlasting, answered      the first look after an outage waits a lease
-//	                                                   for a late final write (ADR 0060)
+//	field       set by                              what it bounds
+//	own, why    newClock, entries, found, switched,  the look, unless alive messages put it off:
+//	            restoring, late, rereading, gone,    the lease the follower knows, a re-read, a
+//	            blind                                poll, a late final write
+//	leaseEnd    newClock, entries, found, switched,  how long a blind look asks again, and how long
+//	            gone, looking, blindLook             a meta Redis lost is waited back (ADR 0010)
+//	leaseWas    looking                              what blindLook puts back in a Cluster (ADR 0023)
+//	since       newClock, entries, looked            alive messages heard before it count for nothing
+//	renewed     entries, found, owner                alive messages count once the owner is seen at
+//	                                                 work (ADR 0059)
+//	token       newClock, owner                      the attempt followed: always the position's
+//	trusted     newClock, owner, looked, gone        alive messages count until then: the follow's
+//	                                                 age, one to ten leases (ADR 0082); zero: the
+//	                                                 owner's instance said the token gone (ADR 0009)
+//	outage      blind, outlasting, answered          Redis could not be asked while the callers had
+//	                                                 bytes since the last look it answered
+//	lateUntil   answered                             the first look after an outage waits that long
+//	                                                 for a late final write (ADR 0060)
 //
 // What the hub heard (aliveView) puts the look off to a lease after the owner's instance's
 // last alive message, within the trust; the hub's silence timer of that channel wakes the
 // follower when the messages stop (internal/wake/alive.go), so the wait's own timer is set
-// at the trust's end (lookAlive). Each wait arms next's time alone.
+// at the trust's end (lookAlive). A wait arms next's time, or, while the callers outlast an
+// outage, outageNext's.
 type followClock struct {
 	lease   time.Duration // Options.LeaseTTL
 	recheck time.Duration // caps every wait when set (remote.recheckEvery, tests)
@@ -61,9 +66,10 @@ const (
 	lookTrust                     // the trust in the alive messages runs out (ADR 0082)
 	lookRecheck                   // remote.recheckEvery (tests)
 	readPubsub                    // the pub/sub connection is down: read the stream instead (ADR 0012)
+	readOutage                    // Redis cannot be asked and the callers have bytes: read once it answers (ADR 0060)
 )
 
-var lookReasons = [...]string{"lease", "re-read", "blind", "gone", "late", "alive", "vouched", "trust", "recheck", "pub/sub down"}
+var lookReasons = [...]string{"lease", "re-read", "blind", "gone", "late", "alive", "vouched", "trust", "recheck", "pub/sub down", "outage"}
 
 func (r lookReason) String() string { return lookReasons[r] }
 
@@ -193,6 +199,11 @@ func (c *followClock) blind(now time.Time, outage bool) {
 
 // outlasting: the follower waits for Redis, its callers having bytes (ADR 0060).
 func (c *followClock) outlasting() { c.outage = true }
+
+// outageNext is when a follower that outlasts an outage reads again (ADR 0060).
+func (c *followClock) outageNext(now time.Time) (time.Time, lookReason) {
+	return now.Add(outageRead), readOutage
+}
 
 // answered: Redis answered a look; the first answer after an outage waits a lease for an
 // owner that lost Redis too and writes late (ADR 0060).

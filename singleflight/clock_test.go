@@ -38,6 +38,17 @@ func TestClockNext(t *testing.T) {
 			c.found(look, 500*time.Millisecond) // no further than the lease it knew: not renewed
 			return c
 		}, heard, own, lookLease},
+		{"vouched for less than the lease known", func() followClock {
+			c := seen()
+			c.found(look, 2*lease)
+			return c
+		}, heard, look.Add(2 * lease), lookLease},
+		{"heard at the look itself", seen, aliveView{listening: true, until: look.Add(lease), moving: true}, own, lookLease},
+		{"a message that ends with the trust", func() followClock {
+			c := seen()
+			c.trusted = heard.until
+			return c
+		}, heard, heard.until, lookTrust},
 		{"heard before the look only", seen, aliveView{listening: true, until: look.Add(-time.Millisecond).Add(lease), moving: true}, own, lookLease},
 		{"silent for a lease", seen, aliveView{listening: true, until: now, moving: true}, own, lookLease},
 		{"a message that outlasts the trust", func() followClock {
@@ -114,6 +125,14 @@ func TestClockObservations(t *testing.T) {
 		c.found(t0.Add(lease/2), lease)
 		if !c.renewed || !c.leaseEnd.Equal(t0.Add(3*lease/2)) {
 			t.Fatalf("renewed %v, lease end %v; want true, %v", c.renewed, c.leaseEnd.Sub(t0), 3*lease/2)
+		}
+	})
+	t.Run("a look after the token was said gone trusts nothing", func(t *testing.T) {
+		c := newClock(t0, lease, 0, lease, "1-A-1")
+		c.gone(t0.Add(lease / 4))
+		c.looked(t0.Add(lease / 2))
+		if !c.saidGone() {
+			t.Fatal("a look trusted the alive messages of a token said gone")
 		}
 	})
 	t.Run("said gone: the lease is over the first time only", func(t *testing.T) {

@@ -176,8 +176,12 @@ func (fw *follower) wait() followState {
 	return fw.on(ev)
 }
 
-// next is the clock's next look, by what the hub heard of the owner's instance.
+// next is the clock's next look, by what the hub heard of the owner's instance. The clock
+// follows the position's token: every change of it is observed (take, recheck).
 func (fw *follower) next() (time.Time, lookReason) {
+	if fw.clock.token != fw.l.pos.token {
+		panic("singleflight: the follower's clock follows " + fw.clock.token + ", its position " + fw.l.pos.token)
+	}
 	return fw.clock.next(time.Now(), fw.aliveView())
 }
 
@@ -188,8 +192,8 @@ func (fw *follower) aliveView() aliveView {
 	if a.listening {
 		a.until, a.moving = r.wake.AliveUntil(fw.alive.Channel(), fw.l.pos.token)
 		a.unconfirmed = r.wake.UnconfirmedSince(fw.stream)
+		a.blindShard = r.sharded() && r.degradedFor(fw.l.f.key)
 	}
-	a.blindShard = r.sharded() && r.degradedFor(fw.l.f.key)
 	return a
 }
 
@@ -209,7 +213,7 @@ func (fw *follower) timerFired() followState {
 		fw.read = true
 		return followRead
 	}
-	if at, _ := fw.next(); time.Until(at) > 0 && r.recheckEvery == 0 {
+	if at, _ := fw.next(); time.Until(at) > 0 && fw.clock.recheck == 0 {
 		fw.looks = 0 // the owner said it is alive since the wait began
 		return followWait
 	}
@@ -283,10 +287,12 @@ func (fw *follower) waitOutage() followState {
 		return fw.end(followEnd{kind: followRedisErr})
 	}
 	fw.clock.outlasting()
-	fw.read, fw.waiting = true, lookBlind
-	ev := fw.ready(outageRead)
+	at, why := fw.clock.outageNext(time.Now())
+	wait := time.Until(at)
+	fw.read, fw.waiting = true, why
+	ev := fw.ready(wait)
 	if ev == evNone {
-		fw.park(outageRead)
+		fw.park(wait)
 		return followHeld
 	}
 	return fw.on(ev)

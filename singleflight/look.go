@@ -43,6 +43,9 @@ func (fw *follower) recheck() lookResult {
 		return lookEnd
 	}
 	if err != nil {
+		// A look that timed out was watched: the PING that suspected its server decides by
+		// then, and the follower acts on its verdict (ADR 0056).
+		r.awaitVerdict(l.ctx, f.key)
 		return fw.blind()
 	}
 	f.sawRedis(d.clock)
