@@ -2,6 +2,7 @@ package singleflight
 
 import (
 	"context"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -25,12 +26,54 @@ func (r *remote) check(ctx context.Context) error {
 		}
 		return nil
 	}
-	// A PING: does the Cluster answer; the write: does the probe key's shard take scripts.
-	if err := r.rdb.Ping(ctx).Err(); err != nil {
-		return fail("", err) // a Cluster that refuses a PING refuses every shard
+	// A PING to every master: does the Cluster answer; the write: does the probe key's
+	// shard take scripts.
+	if err := r.pingMasters(ctx, fail); err != nil {
+		return err
+	}
+	if r.degradedAt(r.probeKey()) {
+		return nil // its master did not answer the PING
 	}
 	if err := r.usable(ctx, r.rdb); err != nil {
 		return fail(r.shard(r.probeKey()), err)
+	}
+	return nil
+}
+
+// pingMasters sends a Cluster's masters a PING each, at once. A refusal is every shard's
+// (the proxy's credentials or ACL); a master that does not answer is its own shard's: a
+// hung master degrades its shard alone, not the whole Cluster (ADR 0081).
+func (r *remote) pingMasters(ctx context.Context, fail func(string, error) error) error {
+	c := r.rdb.(*redis.ClusterClient)
+	var (
+		mu      sync.Mutex
+		refused error
+		silent  = map[string]error{}
+	)
+	err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		err := m.Ping(ctx).Err()
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case err == nil:
+		case Refused(err) != NotRefused:
+			refused = err
+		default:
+			silent[m.Options().Addr] = err
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		return fail("", err) // no node answered with the layout
+	case refused != nil:
+		return fail("", refused) // a Cluster that refuses a PING refuses every shard
+	}
+	for shard, err := range silent {
+		_ = fail(shard, err)
+	}
+	for _, err := range silent {
+		return err
 	}
 	return nil
 }

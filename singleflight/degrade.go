@@ -151,6 +151,13 @@ func (r *remote) answering() func(shard string) bool {
 	}
 }
 
+// shardUsable reports whether the shard named shard is neither down nor suspected.
+func (r *remote) shardUsable(shard string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.down[""] && !r.down[shard] && !r.suspect[shard]
+}
+
 // suspected reports whether a timeout on key's shard is being confirmed (see confirm):
 // meanwhile no caller sends it a command it would wait on (ADR 0056).
 func (r *remote) suspected(key string) bool {
@@ -250,6 +257,7 @@ func (r *remote) confirmBy(rkey string, cause error, deadline time.Time) {
 				r.hung[shard] = r.down[shard]
 				r.mu.Unlock()
 				r.wake.WakeAll() // its followers take their flights over
+				r.wake.Leave(shard)
 			}
 			r.reloadLayout()
 		}

@@ -55,9 +55,10 @@
 //     PEXPIRE durations, and Go code measures with the monotonic clock. The landing gate alone adds
 //     a monotonic wait to a Redis time, and decides no lease (ADR 0021). Scripts that write
 //     after TIME need effect replication, the default since Redis 5.
-//   - Lease, not lock: one goroutine per process renews every lease, then publishes an
-//     alive message; a lease whose final write is being made is renewed late (ADRs 0007,
-//     0008). The heartbeat lives under Options.Timeout: no zombie owner.
+//   - Lease, not lock: one goroutine per process renews every lease, in a pipeline per
+//     shard (a hung master fails only its own), then publishes an alive message; a lease
+//     whose final write is being made is renewed late (ADRs 0007, 0008, 0081). The
+//     heartbeat lives under Options.Timeout: no zombie owner.
 //   - Fencing: renew, append, complete and fail compare the whole token; claim.lua compares
 //     the token and the state the claimer saw (ADRs 0002, 0003).
 //   - Restore: an owner puts back a meta Redis lost only while its lease runs by Redis's
@@ -123,10 +124,12 @@
 //   - The Inline retry (lead.go retry; run.go retryAfterJitter for memory): started when an
 //     Inline flight's attempt failed, so that its caller gets its failure at once (ADR
 //     0025); it takes the lead over.
-//   - The renewer (renewer.go loop), and a late renewal (renewLater): started by the first
-//     owned lease; they read remoteOwnership's atomics, cancel an attempt whose lease was
-//     lost (its cancel func), cut one Redis cut (abandon.go cutAttempt), and publish alive.
-//   - The hub's sender and receiver (internal/wake): started by the first Watch or Listen.
+//   - The renewer (renewer.go loop), its round's shards (renew.go goRenew, publishAlive)
+//     and a late renewal (renewLater): started by the first owned lease; they read
+//     remoteOwnership's atomics, cancel an attempt whose lease was lost (its cancel func),
+//     cut one Redis cut (abandon.go cutAttempt), and publish alive.
+//   - The hub's sender and receiver (internal/wake): started by the first Watch or Listen;
+//     the sender opens the connection, on a Cluster master wake.go hubNode picks.
 //     The receiver runs purge.go's listener and wakes watches, which runs a park's hook
 //     (it only starts a resume). An alive channel's silence timer wakes them too.
 //   - The probe (degrade.go probe): started by the first shard to go down; the confirming
@@ -197,7 +200,7 @@
 //     wait and its look-ups; clock.go: when it looks next, and why (ADR 0083); stream.go: the wire format of entries; hit.go: a stored answer.
 //   - internal/wake (the connection, its watches, alive state; wake.go wires it): pub/sub wake-ups;
 //     park.go: waiting without a goroutine.
-//   - owner.go, remote_owner.go, writer.go, renewer.go: owning an attempt.
+//   - owner.go, remote_owner.go, writer.go, renewer.go, renew.go: owning an attempt.
 //   - decision.go: typed replies of lua/*.lua; batch.go: group commit, per shard (ADRs 0016, 0063).
 //   - abandon.go: who still waits, and the cut of a call nobody waits for (ADR 0074).
 //   - degrade.go, refusal.go, check.go: a failing Redis; answered.go: the landing gate;

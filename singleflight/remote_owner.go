@@ -181,6 +181,12 @@ func (o *remoteOwnership) appendBatch(ctx context.Context, n int, head *Head, da
 	if o.cutIn.Load() {
 		return nil
 	}
+	// Not sent to a shard found down: it would hold the Writer, and at the call's end the
+	// owner's callers, for a Redis timeout. The batch is kept: the next flush or the final
+	// write carries it. A suspected shard's verdict is waited for (ADRs 0062, 0081).
+	if o.r.awaitVerdict(ctx, o.key); o.r.degradedFor(o.key) {
+		return errShardDown
+	}
 	ctx, cancel := o.r.watchedOp(ctx, o.k.meta)
 	defer cancel()
 	status, header := "", ""

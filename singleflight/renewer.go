@@ -2,14 +2,12 @@ package singleflight
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight/internal/wake"
-	"github.com/redis/go-redis/v9"
 )
 
 // renewer renews every lease this process owns each HeartbeatInterval, then publishes the
@@ -24,7 +22,9 @@ type renewer struct {
 	// gone: tokens stopped without a final write, said until their time (ADR 0011).
 	gone map[string]time.Time
 	// stale: tokens whose last renewal failed, said as such until one lands (ADR 0057).
-	stale   map[string]struct{}
+	stale map[string]struct{}
+	// busy: shards whose pipeline of a round is still out; the rounds skip them (ADR 0081).
+	busy    map[string]bool
 	started bool
 }
 
@@ -50,7 +50,8 @@ func (rl *renewal) notRenewedSince(t int64) bool {
 }
 
 func newRenewer(r *remote) *renewer {
-	return &renewer{r: r, owned: map[*renewal]struct{}{}, gone: map[string]time.Time{}, stale: map[string]struct{}{}}
+	return &renewer{r: r, owned: map[*renewal]struct{}{}, gone: map[string]time.Time{}, stale: map[string]struct{}{},
+		busy: map[string]bool{}}
 }
 
 // abandon has the alive messages say token gone: its final write failed (ADR 0009).
@@ -93,17 +94,11 @@ func (rn *renewer) loop() {
 		}
 		begun := time.Now()
 		rn.round.Add(1)
-		batch, later, by, gone := rn.due(begun)
+		batch, later, by := rn.due(begun)
 		if len(later) > 0 {
 			rn.renewLater(later, by) // before this round's renewals, which may be slow
 		}
-		if len(batch) > 0 || gone != "" || len(later) > 0 {
-			rn.send(batch, true, gone) // the alive message goes every round
-		}
-		// Failed renewals are tried a quarter and a half interval on (ADR 0008).
-		if failed := rn.notRenewed(batch, mono(begun)); len(failed) > 0 {
-			rn.renewLater(failed, time.Now().Add(g.opts.HeartbeatInterval/4))
-		}
+		rn.sendRound(batch, begun, len(later) > 0)
 	}
 }
 
@@ -149,7 +144,7 @@ func (rn *renewer) renewLater(later []*renewal, by time.Time) {
 				return
 			}
 			sent := mono(time.Now())
-			rn.send(batch, false, "")
+			rn.sendShards(batch)
 			later = nil
 			for _, rl := range batch {
 				if rl.notRenewedSince(sent) {
@@ -164,8 +159,8 @@ func (rn *renewer) renewLater(later []*renewal, by time.Time) {
 	}()
 }
 
-// due sorts a round's attempts: to renew now, or at by; and the tokens to say gone.
-func (rn *renewer) due(now time.Time) (batch, later []*renewal, by time.Time, gone string) {
+// due sorts a round's attempts: to renew now, or at by.
+func (rn *renewer) due(now time.Time) (batch, later []*renewal, by time.Time) {
 	opts := rn.r.g.opts
 	by = now.Add(opts.HeartbeatInterval)
 	rn.mu.Lock()
@@ -191,6 +186,14 @@ func (rn *renewer) due(now time.Time) (batch, later []*renewal, by time.Time, go
 		}
 		batch = append(batch, rl)
 	}
+	return batch, later, by
+}
+
+// said is what a round's alive message says: the tokens stale, and those gone until
+// their time.
+func (rn *renewer) said(now time.Time) string {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
 	var say []string
 	for token := range rn.stale {
 		say = append(say, wake.StaleMark+token)
@@ -202,7 +205,7 @@ func (rn *renewer) due(now time.Time) (batch, later []*renewal, by time.Time, go
 			delete(rn.gone, token)
 		}
 	}
-	return batch, later, by, strings.Join(say, " ")
+	return strings.Join(say, " ")
 }
 
 // stillOwned returns the attempts of rls still registered and within their hard timeout.
@@ -228,119 +231,4 @@ func (rn *renewer) expired(rl *renewal) bool {
 		rn.sayGone(rl.o.token)
 	}
 	return true
-}
-
-// send renews batch, with the alive message saying gone when alive is set.
-func (rn *renewer) send(batch []*renewal, alive bool, gone string) {
-	g := rn.r.g
-	if len(batch) == 0 {
-		rn.renew(nil, alive, gone)
-		return
-	}
-	if g.hooks.beforeRenew != nil {
-		g.hooks.beforeRenew(g.ctx)
-	}
-	// renewChunks pipelines at a time: a slow reply delays a few, not all (ADR 0007).
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, renewChunks)
-	for len(batch) > 0 {
-		n := min(len(batch), renewChunk)
-		chunk := batch[:n]
-		batch = batch[n:]
-		said := gone
-		gone = ""
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			rn.renew(chunk, alive, said)
-		})
-	}
-	wg.Wait()
-}
-
-// renewChunk is the most renewals in one pipeline; renewChunks, pipelines in flight.
-const (
-	renewChunk  = 256
-	renewChunks = 4
-)
-
-func (rn *renewer) pipeline(ctx context.Context, batch []*renewal, alive bool, gone string) []*redis.Cmd {
-	r := rn.r
-	cmds := make([]*redis.Cmd, len(batch))
-	_, _ = r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, rl := range batch {
-			cmds[i] = rl.o.renewCmd(ctx, p)
-		}
-		if alive {
-			p.Publish(ctx, r.wake.AliveChannel(r.g.opts.InstanceID), gone)
-		}
-		return nil
-	})
-	return cmds
-}
-
-// renew sends batch's renewals in one pipeline, then with alive the alive message.
-func (rn *renewer) renew(batch []*renewal, alive bool, gone string) {
-	r := rn.r
-	g := r.g
-	ctx, cancel := context.WithTimeout(g.ctx, max(g.opts.LeaseTTL, time.Second)) // off the callers' path
-	defer cancel()
-	sent := mono(time.Now())
-	cmds := rn.pipeline(ctx, batch, alive, gone)
-	// A Redis that lost its scripts answers NOSCRIPT: load the script once, send again.
-	var again []int
-	for i := range batch {
-		if redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
-			again = append(again, i)
-		}
-	}
-	if len(again) > 0 {
-		if renewScript.Load(ctx, r.rdb).Err() == nil {
-			retry := make([]*renewal, len(again))
-			for j, i := range again {
-				retry[j] = batch[i]
-			}
-			for j, c := range rn.pipeline(ctx, retry, false, "") {
-				cmds[again[j]] = c
-			}
-		} else {
-			// The load failed on some node: each renewal alone sends the script.
-			for _, i := range again {
-				cmds[i] = batch[i].o.renewRun(ctx)
-			}
-		}
-	}
-	for i, rl := range batch {
-		v, err := cmds[i].Int64()
-		if err == nil && v == cutRenew || rl.o.cutIn.Load() {
-			rl.o.cutLearned() // by this renewal, or by a reply that told of it meanwhile (ADR 0074)
-			continue
-		}
-		err = rl.o.renewed(sent, v, err)
-		rn.mu.Lock()
-		_, owned := rn.owned[rl] // not stopped meanwhile
-		if owned && err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrFlightGone) && rl.ctx.Err() == nil {
-			rn.stale[rl.o.token] = struct{}{}
-		} else {
-			delete(rn.stale, rl.o.token)
-		}
-		rn.mu.Unlock()
-		switch {
-		case errors.Is(err, ErrLeaseLost):
-			rl.cancel(ErrLeaseLost)
-		case errors.Is(err, ErrFlightGone):
-			// The call goes on for this process's callers alone (ADR 0011), and is cut here
-			// once none has waited for the grace: no follower elsewhere can find it.
-			rn.mu.Lock()
-			delete(rn.owned, rl)
-			rn.sayGone(rl.o.token)
-			rn.mu.Unlock()
-			g.observe(Event{Kind: EventHeartbeatFailed, Key: rl.o.key, Err: err})
-			if d, idle := rl.o.idleFor(); idle && d >= g.opts.AbandonGrace {
-				rl.o.cutLearned()
-			}
-		case err != nil && rl.ctx.Err() == nil:
-			g.observe(Event{Kind: EventHeartbeatFailed, Key: rl.o.key, Err: err})
-		}
-	}
 }

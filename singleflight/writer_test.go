@@ -2,8 +2,9 @@ package singleflight
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -34,7 +35,9 @@ func (h *appendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			h.sent <- n
 			if n == h.failN && err == nil {
 				h.failN = "" // once
-				err = errors.New("i/o timeout (injected: the reply was lost)")
+				// A reply lost on the way is a read that times out: a PING then finds Redis
+				// answering, and the shard is not degraded.
+				err = &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
 				cmd.SetErr(err)
 			}
 		}

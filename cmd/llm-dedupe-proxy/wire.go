@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/hashing"
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/clusterclient"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/metrics"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/proxy"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
@@ -186,7 +187,8 @@ func wire(cfg Config, logger *slog.Logger) (*wiring, error) {
 
 // newRedis returns a client for standalone (one address), Sentinel (master_name set) or
 // Cluster (several addresses). Followers wait on one pub/sub connection it opens besides
-// its pool, however many flights they wait for.
+// its pool, however many flights they wait for. A Cluster's client learns the layout from
+// whichever node answers first (ADR 0081).
 func newRedis(c RedisConfig, tlsCfg *tls.Config) redis.UniversalClient {
 	o := &redis.UniversalOptions{
 		Addrs:        c.Addrs,
@@ -207,6 +209,9 @@ func newRedis(c RedisConfig, tlsCfg *tls.Config) redis.UniversalClient {
 		DialerRetries: 1,
 	}
 	o.TLSConfig = tlsCfg
+	if c.MasterName == "" && len(c.Addrs) > 1 {
+		return clusterclient.New(o.Cluster())
+	}
 	return redis.NewUniversalClient(o)
 }
 

@@ -85,6 +85,22 @@ client reads the rest of the same call.`,
 			settle: 5 * time.Second,
 		},
 		{
+			name: "cluster-master-hangs-under-an-owner",
+			about: `In a Cluster of three masters, the master that holds k1 hangs while A owns k1's call
+and B follows it; k2 lives on another master. Only k1's shard degrades: k2's flight, asked
+meanwhile, is shared through Redis as ever (ADR 0063).`,
+			cfg: config{seed: 5, instances: 2, masters: 3, keys: map[string]keySpec{"k1": {stream: true}, "k2": {}},
+				plans: every(plan{chunks: 4, gap: 810 * time.Millisecond})},
+			drive: func(w *world) {
+				w.ask(clientSpec{at: 0, on: "A", key: "k1"})
+				w.ask(clientSpec{at: 103 * time.Millisecond, on: "B", key: "k1"})
+				w.hangRedis(1109*time.Millisecond, 5041*time.Millisecond, w.nodeIndex("k1"))
+				w.ask(clientSpec{at: 2311 * time.Millisecond, on: "A", key: "k2"})
+				w.ask(clientSpec{at: 2419 * time.Millisecond, on: "B", key: "k2"})
+			},
+			settle: 5 * time.Second,
+		},
+		{
 			name: "stale-owner-paused-past-its-lease-is-fenced",
 			about: `A owns a call and is paused past its lease; B takes the flight over with a new token.
 When A resumes, its renewal compares the whole token and is refused: A cancels its call

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/internal/clusterclient"
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 	"github.com/redis/go-redis/v9"
 )
@@ -192,7 +193,7 @@ func (w *world) newInstance(id string) *instance {
 			addrs = append(addrs, n.addr)
 		}
 		// As cmd/llm-dedupe-proxy's newRedis makes it, over the simulated network.
-		in.rdb = redis.NewUniversalClient(&redis.UniversalOptions{
+		uo := &redis.UniversalOptions{
 			Addrs:                 addrs,
 			DialTimeout:           time.Second,
 			ReadTimeout:           o.RedisTimeout,
@@ -208,7 +209,12 @@ func (w *world) newInstance(id string) *instance {
 				w.stats.dial(addr)
 				return dial(w.link(id, addr), w.cfg.latency, n.serve, nil)
 			},
-		})
+		}
+		if w.cl != nil {
+			in.rdb = clusterclient.New(uo.Cluster())
+		} else {
+			in.rdb = redis.NewUniversalClient(uo)
+		}
 		in.rdb.AddHook(recorder{inst: in})
 		o.Redis = in.rdb
 	}

@@ -1,13 +1,14 @@
 // Package wake is a process's wake-up hub: one pub/sub connection on which followers watch
 // their flights' channels, the Group listens to its own, and the alive messages of owner
 // instances are recorded. It never reaches back into the package that uses it. See ADRs
-// 0012, 0014, 0055, 0057.
+// 0012, 0014, 0055, 0057, 0081.
 //
 // # Goroutines
 //
 // A Hub runs two goroutines from its first Watch or Listen until Config.Ctx ends, counted by
-// Config.WG: the sender, which alone sends SUBSCRIBE and UNSUBSCRIBE, and the receiver,
-// which alone reads the connection and runs listeners and Config.Heard. An alive channel's
+// Config.WG: the sender, which alone opens the connection (conn.go) and sends SUBSCRIBE,
+// UNSUBSCRIBE and PING, and the receiver, which alone reads the connection and runs
+// listeners and Config.Heard. An alive channel's
 // silence timer runs on a goroutine of its own. Everything they share is under Hub.mu; a
 // Watch's queue is under its own mutex. Wake-ups run a watcher's hook (OnWake) on the
 // goroutine that woke it: a hook must not block.
@@ -16,12 +17,10 @@ package wake
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight/internal/poll"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -44,6 +43,12 @@ type Config[E any] struct {
 	Decode   func(payload string) (E, bool) // a message on a watched channel; false: read the stream
 	Failed   func(error)                    // the connection failed (on the receiver)
 	Heard    func()                         // an alive message was recorded (on the receiver)
+	// Node, if set, gives the client the connection is made with, and names its server:
+	// one other than avoid where it can. The hub moves off a server that fails, hangs
+	// (Leave) or leaves a PING unanswered (then told to Unanswered, on the sender). In a
+	// Cluster any node hears every PUBLISH (ADRs 0013, 0081). Nil: Redis.Subscribe.
+	Node       func(avoid string) (redis.UniversalClient, string)
+	Unanswered func(node string)
 }
 
 // Hub is a process's one pub/sub connection. Every confirmation of a subscription makes its
@@ -52,7 +57,8 @@ type Hub[E any] struct {
 	cfg Config[E]
 
 	mu         sync.Mutex
-	ps         *redis.PubSub
+	c          conn                              // the connection; the sender opens it (conn.go)
+	heard      atomic.Int64                      // when the receiver last read anything, ns since hubEpoch
 	watches    map[string]map[*Watch[E]]struct{} // channel → its watchers (a set: many followers share an alive channel)
 	listeners  map[string]Listener               // channels subscribed for the hub's life
 	subscribed map[string]bool                   // channels the sender has subscribed (and not left)
@@ -145,70 +151,6 @@ func (h *Hub[E]) kick() {
 	select {
 	case h.flush <- struct{}{}:
 	default:
-	}
-}
-
-// start opens the connection once; h.mu held.
-func (h *Hub[E]) start() error {
-	if h.ps != nil {
-		return nil
-	}
-	if h.cfg.Ctx.Err() != nil {
-		return ErrClosed
-	}
-	h.cfg.WG.Add(2)
-	h.ps = h.cfg.Redis.Subscribe(h.cfg.Ctx)
-	ps := h.ps
-	go h.send(ps)
-	go h.receive(ps)
-	return nil
-}
-
-// send subscribes and unsubscribes channels, one command each. It alone sends them, so a
-// channel's subscription and unsubscription reach Redis in the order they were decided.
-func (h *Hub[E]) send(ps *redis.PubSub) {
-	ctx := h.cfg.Ctx
-	defer h.cfg.WG.Done()
-	defer ps.Close()
-	timer := time.NewTimer(time.Hour) // armed while channels are idle or unconfirmed
-	timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return
-		case <-h.flush:
-		case <-timer.C:
-		}
-		h.mu.Lock()
-		sent := h.sent
-		join, leave, next := h.plan(time.Now())
-		h.mu.Unlock()
-		if !next.IsZero() {
-			timer.Reset(time.Until(next))
-		}
-		if len(join) > 0 {
-			err := ps.Subscribe(ctx, join...)
-			if sent != nil {
-				sent(join, err)
-			}
-			if err != nil {
-				// go-redis may have reconnected inside it without these channels: send
-				// them again soon, whatever it says.
-				h.mu.Lock()
-				for _, ch := range join {
-					if p, ok := h.pending[ch]; ok {
-						p.sent = time.Now().Add(poll.Every - ConfirmWithin)
-						h.pending[ch] = p
-					}
-				}
-				h.mu.Unlock()
-				timer.Reset(poll.Every)
-			}
-		}
-		if len(leave) > 0 {
-			_ = ps.Unsubscribe(ctx, leave...)
-		}
 	}
 }
 
@@ -312,68 +254,6 @@ func (h *Hub[E]) Watched(channel string) bool {
 func (h *Hub[E]) on(channel string) bool {
 	_, listened := h.listeners[channel]
 	return listened || len(h.watches[channel]) > 0
-}
-
-// receive routes what the connection brings to the channel's listener or watchers.
-func (h *Hub[E]) receive(ps *redis.PubSub) {
-	ctx := h.cfg.Ctx
-	defer h.cfg.WG.Done()
-	backoff := 10 * time.Millisecond
-	for {
-		v, err := ps.Receive(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			if h.cfg.Failed != nil {
-				h.cfg.Failed(err)
-			}
-			// Messages may be lost: every follower reads its stream.
-			h.down.Store(true)
-			h.unconfirm()
-			h.all(func(w *Watch[E]) { w.mu.Lock(); w.resync = true; w.mu.Unlock() })
-			// go-redis reconnects on the next Receive; back off, not a busy loop.
-			if !poll.Sleep(ctx, backoff) {
-				return
-			}
-			backoff = min(2*backoff, time.Second)
-			continue
-		}
-		backoff = 10 * time.Millisecond
-		h.down.Store(false)
-		switch m := v.(type) {
-		case *redis.Subscription:
-			if m.Kind != "subscribe" {
-				continue
-			}
-			h.mu.Lock()
-			delete(h.pending, m.Channel)
-			h.mu.Unlock()
-			if l, ok := h.listenerOf(m.Channel); ok {
-				l.Confirmed()
-				continue
-			}
-			h.each(m.Channel, func(w *Watch[E]) { w.mu.Lock(); w.resync = true; w.mu.Unlock() })
-		case *redis.Message:
-			if l, ok := h.listenerOf(m.Channel); ok {
-				l.Message(m.Payload)
-				continue
-			}
-			if strings.HasPrefix(m.Channel, h.cfg.AlivePrefix) {
-				h.Heard(m.Channel, strings.Fields(m.Payload))
-				continue
-			}
-			if !h.Watched(m.Channel) {
-				continue // an idle channel, still subscribed (see Config.KeepIdle)
-			}
-			e, ok := h.cfg.Decode(m.Payload)
-			if !ok {
-				h.each(m.Channel, func(w *Watch[E]) { w.mu.Lock(); w.resync = true; w.mu.Unlock() })
-				continue
-			}
-			h.each(m.Channel, func(w *Watch[E]) { w.mu.Lock(); w.queue = append(w.queue, e); w.mu.Unlock() })
-		}
-	}
 }
 
 // WakeAll wakes every watcher: each works its wait out again (a shard found hung: its
