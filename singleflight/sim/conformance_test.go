@@ -22,7 +22,8 @@ import (
 // The stand-in is judged by a real redis-server: every script of the project and every
 // command it sends, through every branch the steps below reach, gives the same replies and
 // leaves the same data on both. Clocks differ by the time between a step on one server and
-// on the other, so values that are times compare within a tolerance.
+// on the other, so values that are times compare within the longest such gap measured so
+// far, and 10 ms (a slack).
 
 // script composes a project script as remote.go sends it: lookup and claim after wake.lua;
 // the owner's writes after wake.lua and restore.lua; the others alone.
@@ -209,18 +210,22 @@ var coveredCommands = []string{
 func TestStandInAnswersAsRedisDoes(t *testing.T) {
 	real := redistest.Start(t).Client()
 	m := miniredis.RunT(t)
+	m.ClockTTL(true) // as the simulator's nodes: TTLs run with the clock
 	stand := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = stand.Close() })
 	ctx := context.Background()
+	var sl slack
 	for i, s := range conformanceSteps() {
 		time.Sleep(s.pause)
+		start := time.Now()
 		want, werr := run(ctx, t, real, s)
 		got, gerr := run(ctx, t, stand, s)
-		if fmt.Sprint(werr) != fmt.Sprint(gerr) || !alike(want, got) {
-			t.Errorf("step %d, %s:\n got %v (%v)\nwant %v (%v)", i+1, s, show(got), gerr, show(want), werr)
+		sl.widen(time.Since(start))
+		if fmt.Sprint(werr) != fmt.Sprint(gerr) || !sl.alike(want, got) {
+			t.Errorf("step %d, %s:\n got %v (%v)\nwant %v (%v) (times within %v)", i+1, s, show(got), gerr, show(want), werr, time.Duration(sl))
 		}
 	}
-	if want, got := dump(ctx, t, real), dump(ctx, t, stand); !alike(want, got) {
+	if want, got := dump(ctx, t, real), dump(ctx, t, stand); !sl.alike(want, got) {
 		t.Errorf("the data the steps left differ:\n got %v\nwant %v", show(got), show(want))
 	}
 }
@@ -309,9 +314,15 @@ func entries(ms []redis.XMessage) []any {
 
 var streamID = regexp.MustCompile(`^(\d{13})-(\d+)$`)
 
-// alike compares two replies: numbers and stream IDs within a clock's tolerance when they
-// look like times, everything else exactly.
-func alike(a, b any) bool {
+// slack is how far apart in time the two servers may have run a step: the longest gap
+// between the two runs of one step so far, and 10 ms.
+type slack time.Duration
+
+func (s *slack) widen(gap time.Duration) { *s = max(*s, slack(gap+10*time.Millisecond)) }
+
+// alike compares two replies: numbers and stream IDs within the slack when they look like
+// times, everything else exactly.
+func (s slack) alike(a, b any) bool {
 	switch x := a.(type) {
 	case []any:
 		y, ok := b.([]any)
@@ -319,7 +330,7 @@ func alike(a, b any) bool {
 			return false
 		}
 		for i := range x {
-			if !alike(x[i], y[i]) {
+			if !s.alike(x[i], y[i]) {
 				return false
 			}
 		}
@@ -330,7 +341,7 @@ func alike(a, b any) bool {
 			return false
 		}
 		for k, v := range x {
-			if w, ok := y[k]; !ok || !alike(v, w) {
+			if w, ok := y[k]; !ok || !s.alike(v, w) {
 				return false
 			}
 		}
@@ -341,7 +352,7 @@ func alike(a, b any) bool {
 			return false
 		}
 		for k, v := range x {
-			if w, ok := y[k]; !ok || !alike(v, w) {
+			if w, ok := y[k]; !ok || !s.alike(v, w) {
 				return false
 			}
 		}
@@ -355,15 +366,15 @@ func alike(a, b any) bool {
 		// Two entries in one ms on one server may fall in two on the other.
 		sa, _ := strconv.Atoi(ma[2])
 		sb, _ := strconv.Atoi(mb[2])
-		return near(ma[1], mb[1]) && sa-sb <= 2 && sb-sa <= 2
+		return s.near(ma[1], mb[1]) && sa-sb <= 2 && sb-sa <= 2
 	}
-	return near(sa, sb)
+	return s.near(sa, sb)
 }
 
 // near reports whether two numbers are equal, or close enough where they may be times: a
 // code or an attempt (below 5) must be equal; an age, what is left of a lease, a TTL or a
 // time in ms may differ by less than the steps take, a time in µs likewise.
-func near(a, b string) bool {
+func (s slack) near(a, b string) bool {
 	x, err1 := strconv.ParseFloat(a, 64)
 	y, err2 := strconv.ParseFloat(b, 64)
 	if err1 != nil || err2 != nil {
@@ -373,12 +384,10 @@ func near(a, b string) bool {
 	switch v := math.Abs(x); {
 	case v < 5:
 		tol = 0
-	case v < 1e4:
-		tol = 50
-	case v < 1e15:
-		tol = 200
-	default:
-		tol = 2e5
+	case v < 1e15: // ms
+		tol = float64(time.Duration(s).Milliseconds())
+	default: // µs
+		tol = float64(time.Duration(s).Microseconds())
 	}
 	return math.Abs(x-y) <= tol
 }
@@ -429,11 +438,16 @@ func TestStandInPublishesAsRedisDoes(t *testing.T) {
 		receive()
 		return got
 	}
-	want := hear(redistest.Start(t).Client())
+	real := redistest.Start(t).Client()
 	m := miniredis.RunT(t)
+	m.ClockTTL(true) // as the simulator's nodes: TTLs run with the clock
 	stand := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = stand.Close() })
-	if got := hear(stand); !alike(want, got) {
+	var sl slack
+	start := time.Now()
+	want, got := hear(real), hear(stand)
+	sl.widen(time.Since(start))
+	if !sl.alike(want, got) {
 		t.Errorf("what a subscriber heard:\n got %v\nwant %v", show(got), show(want))
 	}
 }
@@ -518,7 +532,7 @@ func TestAlike(t *testing.T) {
 		{[]any{"a", int64(1)}, []any{"a", int64(1), "b"}, false}, // shape
 		{map[string]string{"x": "1"}, map[string]string{"x": "2"}, false},
 	} {
-		if got := alike(c.a, c.b); got != c.want {
+		if got := slack(50 * time.Millisecond).alike(c.a, c.b); got != c.want {
 			t.Errorf("alike(%v, %v) = %v; want %v", c.a, c.b, got, c.want)
 		}
 	}
