@@ -532,7 +532,7 @@ func TestAlike(t *testing.T) {
 		{[]any{"a", int64(1)}, []any{"a", int64(1), "b"}, false}, // shape
 		{map[string]string{"x": "1"}, map[string]string{"x": "2"}, false},
 	} {
-		if got := slack(50 * time.Millisecond).alike(c.a, c.b); got != c.want {
+		if got := slack(50*time.Millisecond).alike(c.a, c.b); got != c.want {
 			t.Errorf("alike(%v, %v) = %v; want %v", c.a, c.b, got, c.want)
 		}
 	}
