@@ -60,7 +60,7 @@ func (p *Proxy) keyOf(w http.ResponseWriter, r *http.Request, body []byte) (hash
 			HeaderNamespace+" must be at most 64 letters, digits and . _ - :")
 		return hashing.Request{}, controls{}, false
 	}
-	gen, genErr := p.cfg.Flights.Generation(r.Context(), ns)
+	gen, genErr := p.cfg.Flights.NamespaceGeneration(r.Context(), ns)
 	req, err := p.cfg.Hasher.KeyIn(hashing.Namespace{Name: ns, Gen: gen}, r.Method, KeyPath(r.URL), r.Header, body)
 	if err != nil {
 		msg := "the request body is not valid JSON"

@@ -91,8 +91,8 @@ func TestNamespaceOfUnknownGenerationNeitherServesNorStores(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := newInstance(t, up, s) // it never read the namespace
-	if _, err := in.Group.Generation(ctx, ns); !errors.Is(err, singleflight.ErrGenerationUnknown) {
-		t.Fatalf("Generation: %v; want ErrGenerationUnknown", err)
+	if _, err := in.Group.NamespaceGeneration(ctx, ns); !errors.Is(err, singleflight.ErrNamespaceGenerationUnknown) {
+		t.Fatalf("Generation: %v; want ErrNamespaceGenerationUnknown", err)
 	}
 	a := post(t, in.URL, path, chatBody, hdr...)
 	if in.Group.Degraded() {

@@ -22,7 +22,7 @@ import (
 type Flights interface {
 	DoWith(key string, o singleflight.CallOptions, fn singleflight.Func) (*singleflight.Reader, error)
 	// Generation is a namespace's current generation, part of its requests' keys.
-	Generation(ctx context.Context, ns string) (uint64, error)
+	NamespaceGeneration(ctx context.Context, ns string) (uint64, error)
 	Backend() string
 	Degraded() bool
 }

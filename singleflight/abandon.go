@@ -145,7 +145,7 @@ func (g *Group) cutDue(f *flight) {
 	a := f.owned
 	due := f.mayCut() && time.Since(f.idle.since) >= g.opts.AbandonGrace
 	f.mu.Unlock()
-	if !due || !counted && a.o.remote() {
+	if !due || !counted && a.o.shared() {
 		return // a closed Group asks Redis nothing; its renewals still cut
 	}
 	cut := a.o.cut(g.ctx)

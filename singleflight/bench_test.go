@@ -259,7 +259,7 @@ func BenchmarkAfterQuiet(b *testing.B) {
 // BenchmarkCompleteScript is the Redis time of one final write (complete.lua, answer
 // stored, a subscriber on its channel), against the same commands sent plain in a
 // pipeline: what running them from Lua costs on top of the commands themselves. Flights
-// are claimed beforehand; the writes go in pipelines of 256, as the batcher sends a herd's.
+// are claimed beforehand; the writes go in pipelines of 256, as the coalescer sends a herd's.
 func BenchmarkCompleteScript(b *testing.B) {
 	body := []byte(`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"An answer of a sentence or two, as a short chat completion has."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":16,"total_tokens":28}}`)
 	header := `{"Content-Type":["application/json"]}`

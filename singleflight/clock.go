@@ -84,7 +84,7 @@ const (
 // aliveView is what the hub heard of the owner's instance, for one follower.
 type aliveView struct {
 	listening bool      // the follower watches the owner instance's alive channel
-	until     time.Time // a lease after the last message that did not say the token stale; zero: none
+	until     time.Time // a lease after the last message that did not say the token unrenewed; zero: none
 	moving    bool      // until is the last message's: the next moves it, the silence timer fires at it
 	// unconfirmed: since when the flight's own channel is not known to hold (zero: it is);
 	// messages heard meanwhile put the look off no further than a lease from it (ADR 0055).

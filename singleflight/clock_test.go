@@ -61,7 +61,7 @@ func TestClockNext(t *testing.T) {
 			c.gone(now)
 			return c
 		}, heard, now, lookGone},
-		{"the token stale: the message's until does not move", seen, aliveView{listening: true, until: heard.until}, heard.until, lookVouched},
+		{"the token unrenewed: the message's until does not move", seen, aliveView{listening: true, until: heard.until}, heard.until, lookVouched},
 		{"the flight's channel unconfirmed for two leases (ADR 0055)", seen, aliveView{listening: true, until: heard.until, moving: true, unconfirmed: now.Add(-2 * lease)}, own, lookLease},
 		{"the channel unconfirmed since just after the look", seen, aliveView{listening: true, until: now.Add(2 * lease), moving: true, unconfirmed: look.Add(time.Nanosecond)}, look.Add(time.Nanosecond).Add(lease), lookVouched},
 		{"a Cluster whose shard is down (ADR 0023)", seen, aliveView{listening: true, until: heard.until, moving: true, blindShard: true}, own, lookLease},

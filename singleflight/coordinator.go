@@ -19,7 +19,7 @@ type coordinator interface {
 	forget(ctx context.Context, key string) (found bool, err error)
 	// purgeNamespace and generation keep namespace generations (see purge.go).
 	purgeNamespace(ctx context.Context, ns string) (uint64, error)
-	generation(ctx context.Context, ns string) (uint64, error)
+	namespaceGeneration(ctx context.Context, ns string) (uint64, error)
 }
 
 var (

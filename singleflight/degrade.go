@@ -77,7 +77,7 @@ func (r *remote) degrade(shard string, cause error) {
 		go r.probe()
 	}
 	r.mu.Unlock()
-	r.batch.shed(shard)
+	r.coalesce.shed(shard)
 }
 
 // probe checks the shards that are down every 250 ms until none is.

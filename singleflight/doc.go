@@ -139,8 +139,8 @@
 //     (ownership.again) after the caller was answered, then ends the attempt.
 //   - A Writer's flush loop (writer.go flushLoop): started by a remote owner's first Write;
 //     it shares the Writer's buffers under Writer.mu.
-//   - The batcher's senders (batch.go sendNext): send a shard's queued lookups and completes
-//     in pipelines, at most maxPipelines per shard; they touch the queues under batcher.mu.
+//   - The coalescer's senders (coalesce.go sendNext): send a shard's queued lookups and completes
+//     in pipelines, at most maxPipelines per shard; they touch the queues under coalescer.mu.
 //   - The idle timer's cutDue (abandon.go): started when nobody waits for an attempt owned
 //     here; after AbandonGrace it asks ownership.cut and cancels the attempt with
 //     ErrAbandoned. An Inline caller's context end runs callerGone (group.go).
@@ -174,7 +174,8 @@
 //     instance's owner's stream.
 //   - hit: an answer served from the store, in memory or in Redis.
 //   - attempt: one upstream call of a flight, counted in the meta up to MaxAttempts.
-//   - generation: one attempt in the stream (opened by a gen entry) and in the local log.
+//   - generation: one attempt in the stream (opened by a gen entry) and in the local log. A
+//     namespace generation (purge.go) is another thing, and always named so.
 //   - takeover: a claim of a flight whose attempt failed or whose lease ran out.
 //   - lookup: lookup.lua, sent by a leader (which may claim) or by a follower's look.
 //   - look: a follower's lookup of its flight's meta, when its clock says (clock.go next;

@@ -297,7 +297,7 @@ func (l *leader) follow() leadState {
 	if d.token == l.pos.token && l.pos.last == "" {
 		// Our own failed attempt, shown running while its fail goes on being written past
 		// its client (ADR 0056): look again once that write may have landed.
-		if !sleep(l.ctx, pollEvery) {
+		if !sleep(l.ctx, finalRetry) {
 			return leadEnded
 		}
 		return leadLookup

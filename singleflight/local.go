@@ -28,13 +28,13 @@ type localOwnership struct{}
 func (localOwnership) heartbeat(context.Context, context.CancelCauseFunc) func() { return func() {} }
 func (localOwnership) appendBatch(context.Context, int, *Head, []byte) error     { return nil }
 func (localOwnership) fail(context.Context, Result, string) error                { return nil }
-func (localOwnership) degraded() bool                                            { return false }
+func (localOwnership) unusable() bool                                            { return false }
 func (localOwnership) goesOn() bool                                              { return false }
 func (localOwnership) again(context.Context) error                               { return nil }
-func (localOwnership) remote() bool                                              { return false }
+func (localOwnership) shared() bool                                              { return false }
 
 func (localOwnership) complete(context.Context, final) error { return nil }
-func (localOwnership) abandon()                              {}
+func (localOwnership) unwritten()                            {}
 func (localOwnership) cut(context.Context) bool              { return true }
 
 // ownLocally owns f in this process alone, attempt after attempt; false when another

@@ -25,12 +25,15 @@ type ownership interface {
 	fail(ctx context.Context, res Result, reason string) error
 	goesOn() bool
 	again(ctx context.Context) error
-	// degraded says whether the flight's shard is degraded: no caller waits on its writes.
-	degraded() bool
-	// remote says whether there are followers elsewhere to renew and write for.
-	remote() bool
-	// abandon tells followers elsewhere that the attempt ended without a final write.
-	abandon()
+	// unusable says whether the flight's shard is degraded or suspected: no caller waits
+	// on its writes.
+	unusable() bool
+	// shared says whether the attempt's writes reach callers elsewhere: not in memory or
+	// local-only, nor once Redis cut it.
+	shared() bool
+	// unwritten tells followers elsewhere that the attempt ended without its final write:
+	// the alive messages name its token gone (ADR 0009).
+	unwritten()
 	// cut ends the flight for a call nobody waits for, if its coordinator sees no caller
 	// waiting anywhere; false leaves the call running (ADR 0074).
 	cut(ctx context.Context) bool
@@ -172,7 +175,7 @@ func (g *Group) completeAttempt(wctx context.Context, f *flight, o ownership, w 
 		ended(cerr)
 	}
 	// Gated unless refused: a write whose reply was lost may have landed (ADR 0021).
-	if o.remote() && !errors.Is(cerr, ErrLeaseLost) && !errors.Is(cerr, ErrFlightGone) {
+	if o.shared() && !errors.Is(cerr, ErrLeaseLost) && !errors.Is(cerr, ErrFlightGone) {
 		f.setLandedAt(sent)
 	}
 	f.finish(res.Head, res.Body)
@@ -220,7 +223,7 @@ func (g *Group) writeEnded(o ownership, key, op string, err error) {
 		return
 	}
 	if !errors.Is(err, ErrLeaseLost) {
-		o.abandon()
+		o.unwritten()
 	}
 	switch {
 	case errors.Is(err, ErrLeaseLost):

@@ -14,7 +14,7 @@ type wakeEvent uint8
 const (
 	evNone   wakeEvent = iota
 	evCtx              // the flight's context ended
-	evAlive            // the owner's instance fell silent for a lease, or named tokens gone or newly stale (ADR 0057)
+	evAlive            // the owner's instance fell silent for a lease, or named tokens gone or newly unrenewed (ADR 0057)
 	evNotify           // entries were pushed, or the stream must be read
 	evTimer            // the deadline (or the poll interval) passed
 )

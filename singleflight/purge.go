@@ -16,7 +16,7 @@ import (
 )
 
 // Purges reach every instance's memory over P:invalidate (ADR 0046); a namespace is purged
-// by a new generation in its keys (ADR 0047).
+// by a new namespace generation in its keys (ADR 0047).
 
 var (
 	//go:embed lua/purge_ns.lua
@@ -25,11 +25,11 @@ var (
 )
 
 const (
-	// namespaceRefresh: a generation is read again after it, should a message be lost.
+	// namespaceRefresh: a namespace generation is read again after it, should a message be lost.
 	namespaceRefresh = time.Minute
 	// purgeMemory: a purged key is not kept in memory again for so long (ADR 0046).
 	purgeMemory = 10 * time.Second
-	// maxNamespaces bounds the generations kept in memory; the names come from clients.
+	// maxNamespaces bounds the namespace generations kept in memory; the names come from clients.
 	maxNamespaces = 10000
 )
 
@@ -38,13 +38,13 @@ type invalidation struct {
 	once   sync.Once
 	mu     sync.Mutex
 	purged map[string]time.Time // key → when its purge reached this process (monotonic)
-	gens   *lru.Cache[string, generation]
+	nsGens   *lru.Cache[string, nsGeneration]
 	epoch  uint64            // counts namespace messages: a read that raced one is not kept
-	local  map[string]uint64 // in-memory Group: the generations themselves
+	local  map[string]uint64 // in-memory Group: the namespace generations themselves
 	ready  chan struct{}     // closed when the subscription first listens (at once in memory)
 }
 
-type generation struct {
+type nsGeneration struct {
 	gen uint64
 	at  time.Time
 }
@@ -52,7 +52,7 @@ type generation struct {
 func (inv *invalidation) init() {
 	inv.once.Do(func() {
 		inv.purged = map[string]time.Time{}
-		inv.gens, _ = lru.New[string, generation](maxNamespaces)
+		inv.nsGens, _ = lru.New[string, nsGeneration](maxNamespaces)
 		inv.local = map[string]uint64{}
 		inv.ready = make(chan struct{})
 	})
@@ -109,8 +109,8 @@ func (g *Group) apply(msg string) {
 		}
 		g.inv.mu.Lock()
 		g.inv.epoch++
-		if e, ok := g.inv.gens.Get(name); !ok || gen > e.gen {
-			g.inv.gens.Add(name, generation{gen: gen, at: time.Now()})
+		if e, ok := g.inv.nsGens.Get(name); !ok || gen > e.gen {
+			g.inv.nsGens.Add(name, nsGeneration{gen: gen, at: time.Now()})
 		}
 		g.inv.mu.Unlock()
 		g.observe(Event{Kind: EventInvalidated, Op: "namespace"})
@@ -137,11 +137,11 @@ func (g *Group) forgetKey(key string) bool {
 	return found
 }
 
-// forgetAll drops every answer and generation kept in memory.
+// forgetAll drops every answer and namespace generation kept in memory.
 func (g *Group) forgetAll() {
 	g.inv.mu.Lock()
 	g.inv.epoch++
-	g.inv.gens.Purge()
+	g.inv.nsGens.Purge()
 	g.inv.mu.Unlock()
 	g.cacheMu.Lock()
 	g.cache.clear()
@@ -176,7 +176,7 @@ func (r *remote) forget(ctx context.Context, key string) (bool, error) {
 	return n > 0, nil
 }
 
-// PurgeNamespace starts and returns a new generation of namespace ns: its stored answers
+// PurgeNamespace starts and returns a new namespace generation of ns: its stored answers
 // are out of reach at once.
 func (g *Group) PurgeNamespace(ctx context.Context, ns string) (uint64, error) {
 	g.observe(Event{Kind: EventPurge, Op: "namespace"})
@@ -199,7 +199,7 @@ func (r *remote) purgeNamespace(ctx context.Context, ns string) (uint64, error) 
 	}
 	gen, err := strconv.ParseUint(s, 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("singleflight: purge namespace: bad generation %q", s)
+		return 0, fmt.Errorf("singleflight: purge namespace: bad namespace generation %q", s)
 	}
 	msg := "n " + s + " " + ns
 	g.apply(msg)
@@ -209,33 +209,33 @@ func (r *remote) purgeNamespace(ctx context.Context, ns string) (uint64, error) 
 	return gen, nil
 }
 
-// ErrGenerationUnknown means a namespace's generation could not be read: its answers must
+// ErrNamespaceGenerationUnknown means a namespace's generation could not be read: its answers must
 // be neither served nor stored.
-var ErrGenerationUnknown = errors.New("singleflight: namespace generation unknown")
+var ErrNamespaceGenerationUnknown = errors.New("singleflight: namespace generation unknown")
 
-// Generation returns the generation of namespace ns for the request key, 0 if never
-// purged, read from memory after the first time; 0 and ErrGenerationUnknown if unknown.
-func (g *Group) Generation(ctx context.Context, ns string) (uint64, error) {
-	return g.coord.generation(ctx, ns)
+// NamespaceGeneration returns the generation of namespace ns for the request key, 0 if never
+// purged, read from memory after the first time; 0 and ErrNamespaceGenerationUnknown if unknown.
+func (g *Group) NamespaceGeneration(ctx context.Context, ns string) (uint64, error) {
+	return g.coord.namespaceGeneration(ctx, ns)
 }
 
-func (m memory) generation(_ context.Context, ns string) (uint64, error) {
+func (m memory) namespaceGeneration(_ context.Context, ns string) (uint64, error) {
 	m.g.inv.mu.Lock()
 	defer m.g.inv.mu.Unlock()
 	return m.g.inv.local[ns], nil
 }
 
-func (r *remote) generation(ctx context.Context, ns string) (uint64, error) {
+func (r *remote) namespaceGeneration(ctx context.Context, ns string) (uint64, error) {
 	g := r.g
 	g.inv.mu.Lock()
-	e, ok := g.inv.gens.Get(ns)
+	e, ok := g.inv.nsGens.Get(ns)
 	epoch := g.inv.epoch
 	g.inv.mu.Unlock()
 	if ok && (time.Since(e.at) < namespaceRefresh || g.degraded.Load()) {
 		return e.gen, nil
 	}
 	if g.degraded.Load() {
-		return 0, ErrGenerationUnknown
+		return 0, ErrNamespaceGenerationUnknown
 	}
 	octx, cancel := r.watchedOp(ctx, g.nsKey(ns))
 	gen, err := g.opts.Redis.Get(octx, g.nsKey(ns)).Uint64()
@@ -248,12 +248,12 @@ func (r *remote) generation(ctx context.Context, ns string) (uint64, error) {
 		if ok {
 			return e.gen, nil
 		}
-		return 0, errors.Join(ErrGenerationUnknown, err)
+		return 0, errors.Join(ErrNamespaceGenerationUnknown, err)
 	}
 	g.inv.mu.Lock()
 	if g.inv.epoch == epoch {
-		g.inv.gens.Add(ns, generation{gen: gen, at: time.Now()})
-	} else if e, ok := g.inv.gens.Get(ns); ok {
+		g.inv.nsGens.Add(ns, nsGeneration{gen: gen, at: time.Now()})
+	} else if e, ok := g.inv.nsGens.Get(ns); ok {
 		gen = e.gen // a purge message came while we read: it is the newer word
 	}
 	g.inv.mu.Unlock()

@@ -87,7 +87,7 @@ func TestPurgeNamespace(t *testing.T) {
 			ctx := context.Background()
 			ns := "team-" + uniqueKey()[:8]
 			for _, g := range []*Group{a, second} {
-				if gen, err := g.Generation(ctx, ns); gen != 0 || err != nil {
+				if gen, err := g.NamespaceGeneration(ctx, ns); gen != 0 || err != nil {
 					t.Fatalf("Generation of a new namespace: %d %v; want 0 nil", gen, err)
 				}
 			}
@@ -100,7 +100,7 @@ func TestPurgeNamespace(t *testing.T) {
 				recB.waitFor(t, EventInvalidated, 1, 10*time.Second)
 			}
 			for name, g := range map[string]*Group{"purging": a, "other": second} {
-				if got, err := g.Generation(ctx, ns); got != gen || err != nil {
+				if got, err := g.NamespaceGeneration(ctx, ns); got != gen || err != nil {
 					t.Fatalf("%s instance: Generation %d %v; want %d", name, got, err, gen)
 				}
 			}
@@ -108,7 +108,7 @@ func TestPurgeNamespace(t *testing.T) {
 			if err != nil || gen2 <= gen {
 				t.Fatalf("second purge: %d %v; want more than %d", gen2, err, gen)
 			}
-			if got, _ := second.Generation(ctx, "another-"+ns); got != 0 {
+			if got, _ := second.NamespaceGeneration(ctx, "another-"+ns); got != 0 {
 				t.Fatalf("another namespace: generation %d; want 0", got)
 			}
 		})
@@ -121,7 +121,7 @@ func TestGenerationIsReadOnce(t *testing.T) {
 	g := b.group(t, Options{})
 	ctx := context.Background()
 	ns := "ns-" + uniqueKey()[:8]
-	if _, err := g.Generation(ctx, ns); err != nil {
+	if _, err := g.NamespaceGeneration(ctx, ns); err != nil {
 		t.Fatal(err)
 	}
 	// A generation written behind the Group's back (no message) is not seen: the
@@ -129,11 +129,11 @@ func TestGenerationIsReadOnce(t *testing.T) {
 	if err := b.redis.Client().Set(ctx, g.nsKey(ns), 42, time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := g.Generation(ctx, ns); got != 0 {
+	if got, _ := g.NamespaceGeneration(ctx, ns); got != 0 {
 		t.Fatalf("Generation read Redis again: %d", got)
 	}
 	g.apply("n 42 " + ns)
-	if got, _ := g.Generation(ctx, ns); got != 42 {
+	if got, _ := g.NamespaceGeneration(ctx, ns); got != 42 {
 		t.Fatalf("after the message: %d; want 42", got)
 	}
 }

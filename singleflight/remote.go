@@ -56,13 +56,13 @@ const seqBlock = 64
 
 // remote is the Redis coordinator of a Group.
 type remote struct {
-	g       *Group
-	rdb     redis.UniversalClient
-	wake    *wakeHub      // the pub/sub connection followers wait on
-	renewer *renewer      // every owned lease, renewed in one batch
-	batch   batcher       // lookups and completes, in pipelines when many run at once
-	unwaits unwaits       // marks to take off that Redis did not answer (unwait.go)
-	local   atomic.Uint64 // makes tokens unique within this process
+	g        *Group
+	rdb      redis.UniversalClient
+	wake     *wakeHub      // the pub/sub connection followers wait on
+	renewer  *renewer      // every owned lease, renewed in one batch
+	coalesce coalescer     // lookups and completes, in pipelines when many run at once
+	unwaits  unwaits       // marks to take off that Redis did not answer (unwait.go)
+	local    atomic.Uint64 // makes tokens unique within this process
 	// recheckEvery, if set, caps a follower's wait between looks (tests).
 	recheckEvery time.Duration
 
@@ -87,7 +87,7 @@ func newRemote(g *Group) *remote {
 	r := &remote{g: g, rdb: g.opts.Redis, down: map[string]bool{}, suspect: map[string]bool{}, hung: map[string]bool{},
 		verdict: make(chan struct{}), seqLock: make(chan struct{}, 1)}
 	r.wake, r.renewer = newWakeHub(r), newRenewer(r)
-	r.batch.r = r
+	r.coalesce.r = r
 	return r
 }
 
@@ -116,7 +116,7 @@ func (r *remote) lookup(key string, noCache bool, candidate string, co CallOptio
 	k := r.keys(key)
 	o := r.g.opts
 	sent := time.Now()
-	v, err := r.batch.run(lookupScript, []string{k.meta, k.result, k.stream},
+	v, err := r.coalesce.run(lookupScript, []string{k.meta, k.result, k.stream},
 		flag(noCache), candidate, o.InstanceID, o.LeaseTTL.Milliseconds(), r.runningTTL(), o.Linger.Milliseconds(),
 		co.MaxAge.Milliseconds(), co.Route, co.Model, mark, callers).Slice()
 	if err != nil {

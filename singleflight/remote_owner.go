@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight/internal/poll"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -17,8 +18,8 @@ var errStreamFull = errors.New("singleflight: stream full")
 // carries what restore.lua needs (ADR 0010).
 //
 // Who touches what: the fields up to attempt are fixed when it is made; the atomics are
-// shared with the renewer and cutDue; op, write, wctx, raw and ferr are written by own's
-// goroutine (final, try) before goOn starts, and read only by goOn after.
+// shared with the renewer and cutDue; the final write's fields are written by own's
+// goroutine (final, try) until goOn starts, then by goOn's alone (again, try).
 type remoteOwnership struct {
 	r       *remote
 	f       *flight
@@ -35,11 +36,13 @@ type remoteOwnership struct {
 	// cutIn: Redis cut the flight (ADR 0074): nothing is renewed or written any more; a
 	// caller that came meanwhile is served by the call alone.
 	cutIn atomic.Bool
-	// The final write, to be made again (again): its op and write, and how it last ended
-	// (raw: Redis's error; ferr: as the owner sees it).
+	// The final write, made again while retryUntil says (again): its op and write, the
+	// lease's end as it stood after the first try, and how it last ended (raw: Redis's
+	// error; ferr: as the owner sees it).
 	op        string
 	write     func(context.Context) (int64, error)
 	wctx      context.Context
+	leaseEnd  time.Time
 	raw, ferr error
 }
 
@@ -68,11 +71,11 @@ func (o *remoteOwnership) restoreArgs() []any {
 
 func (o *remoteOwnership) args(a ...any) []any { return append(a, o.restoreArgs()...) }
 
-func (o *remoteOwnership) remote() bool { return !o.cutIn.Load() }
+func (o *remoteOwnership) shared() bool { return !o.cutIn.Load() }
 
-func (o *remoteOwnership) degraded() bool { return o.r.unusable(o.key) }
+func (o *remoteOwnership) unusable() bool { return o.r.unusable(o.key) }
 
-func (o *remoteOwnership) abandon() { o.r.renewer.abandon(o.token) }
+func (o *remoteOwnership) unwritten() { o.r.renewer.unwritten(o.token) }
 
 // fenced turns a script's 0 into ErrLeaseLost, and -1 into ErrFlightGone.
 func (o *remoteOwnership) fenced(op string, v int64, err error) error {
@@ -223,7 +226,7 @@ func (o *remoteOwnership) complete(ctx context.Context, fin final) error {
 	size := len(fin.tail) + len(fin.transcript)
 	if size < largeWrite {
 		return o.final(ctx, "complete", func(context.Context) (int64, error) { // the batch has its deadline
-			return o.r.batch.run(completeScript, keys, args...).Int64()
+			return o.r.coalesce.run(completeScript, keys, args...).Int64()
 		})
 	}
 	return o.final(ctx, "complete", func(ctx context.Context) (int64, error) {
@@ -255,7 +258,11 @@ func (o *remoteOwnership) fail(ctx context.Context, res Result, reason string) e
 func (o *remoteOwnership) final(ctx context.Context, op string, write func(context.Context) (int64, error)) error {
 	o.finalPending.Store(true)
 	o.op, o.write, o.wctx = op, write, ctx
-	return o.try()
+	err := o.try()
+	// The heartbeat renews the lease while the write is made again, so that no other
+	// owner takes the flight; it does not extend the retries (ADRs 0056, 0060).
+	o.leaseEnd = time.Now().Add(o.leaseLeft())
+	return err
 }
 
 func (o *remoteOwnership) try() error {
@@ -281,33 +288,35 @@ func (o *remoteOwnership) leaseLeft() time.Duration {
 	return time.Duration(from + int64(o.r.g.opts.LeaseTTL) - mono(time.Now()))
 }
 
-// goesOn reports whether the final write is to be made again (see retries).
-func (o *remoteOwnership) goesOn() bool { return o.retries(time.Now().Add(o.leaseLeft())) }
-
-// retries reports whether the final write is to be made again: Redis did not answer, and
-// either the lease, as it stood when the retries began, runs (ADR 0024), or the flight's
-// shard is degraded (or was, at the last try) or suspected, and Redis may still hold the
-// running meta: Linger past that lease (runningTTL). A suspicion counts as the verdict it
-// may become: no write is dropped for a PING not answered yet; again waits for it. Past
-// the lease another owner may have claimed the flight: the token decides, and restore.lua
-// puts nothing back (ADRs 0056, 0060).
-func (o *remoteOwnership) retries(leaseEnd time.Time) bool {
+// retryUntil is until when the final write is made again, or zero: not again. Zero when
+// Redis answered it (raw nil, or a refusal), no lease was ever given, or the Group closes.
+// Otherwise the lease as it stood after the first try (ADR 0024), or, while the flight's
+// shard is degraded (or was, at the last try) or suspected, a Linger past it, while Redis
+// may still hold the running meta (runningTTL). A suspicion counts as the verdict it may
+// become: no write is dropped for a PING not answered yet; again waits for it. Past the
+// lease another owner may have claimed the flight: the token decides, and restore.lua puts
+// nothing back (ADRs 0056, 0060).
+func (o *remoteOwnership) retryUntil() time.Time {
 	if o.raw == nil || !unavailable(o.raw) || o.leaseFrom.Load() == 0 || o.r.g.ctx.Err() != nil {
-		return false
+		return time.Time{}
 	}
-	now := time.Now()
-	down := errors.Is(o.raw, errShardDown) || o.r.unusable(o.key)
-	return now.Before(leaseEnd) || down && now.Before(leaseEnd.Add(o.r.g.opts.Linger))
+	if errors.Is(o.raw, errShardDown) || o.r.unusable(o.key) {
+		return o.leaseEnd.Add(o.r.g.opts.Linger)
+	}
+	return o.leaseEnd
 }
 
-// again makes the final write again every pollEvery while it retries, until ctx ends. The
-// heartbeat, which renews the lease meanwhile so that no other owner takes the flight,
-// does not extend the retries (ADRs 0056, 0060).
+// goesOn reports whether the final write is to be made again now (see retryUntil).
+func (o *remoteOwnership) goesOn() bool { return time.Now().Before(o.retryUntil()) }
+
+// finalRetry is how often a final write Redis did not answer is made again.
+const finalRetry = poll.Every
+
+// again makes the final write again every finalRetry while it goes on, until ctx ends.
 func (o *remoteOwnership) again(ctx context.Context) error {
-	leaseEnd := time.Now().Add(o.leaseLeft())
 	for {
 		o.r.awaitVerdict(ctx, o.key)
-		if !o.retries(leaseEnd) || !sleep(ctx, pollEvery) {
+		if !o.goesOn() || !sleep(ctx, finalRetry) {
 			return o.ferr
 		}
 		o.try()

@@ -16,7 +16,7 @@ import (
 
 // sendRound renews batch and publishes the round's alive message. A shard whose pipeline
 // of an earlier round is still out is not sent to again: in a Cluster its tokens are said
-// stale (ADR 0057), and on one server the round says nothing, as a round that waited would.
+// unrenewed (ADR 0057), and on one server the round says nothing, as a round that waited would.
 func (rn *renewer) sendRound(batch []*renewal, begun time.Time, later bool) {
 	shards, sharded := rn.byShard(batch), rn.r.sharded()
 	gone := rn.said(begun)
@@ -40,7 +40,7 @@ func (rn *renewer) sendRound(batch []*renewal, begun time.Time, later bool) {
 }
 
 // byShard groups batch by shard, leaving out the shards still busy; in a Cluster their
-// tokens are said stale until a renewal lands.
+// tokens are said unrenewed until a renewal lands.
 func (rn *renewer) byShard(batch []*renewal) map[string][]*renewal {
 	r := rn.r
 	shards := map[string][]*renewal{}
@@ -57,7 +57,7 @@ func (rn *renewer) byShard(batch []*renewal) map[string][]*renewal {
 		delete(shards, s)
 		if r.sharded() {
 			for _, rl := range rls {
-				rn.stale[rl.o.token] = struct{}{}
+				rn.unrenewed[rl.o.token] = struct{}{}
 			}
 		}
 	}
@@ -230,9 +230,9 @@ func (rn *renewer) renewedOne(rl *renewal, sent int64, cmd *redis.Cmd) {
 	rn.mu.Lock()
 	_, owned := rn.owned[rl] // not stopped meanwhile
 	if owned && err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrFlightGone) && rl.ctx.Err() == nil {
-		rn.stale[rl.o.token] = struct{}{}
+		rn.unrenewed[rl.o.token] = struct{}{}
 	} else {
-		delete(rn.stale, rl.o.token)
+		delete(rn.unrenewed, rl.o.token)
 	}
 	rn.mu.Unlock()
 	switch {

@@ -21,8 +21,8 @@ type renewer struct {
 	owned map[*renewal]struct{}
 	// gone: tokens stopped without a final write, said until their time (ADR 0011).
 	gone map[string]time.Time
-	// stale: tokens whose last renewal failed, said as such until one lands (ADR 0057).
-	stale map[string]struct{}
+	// unrenewed: tokens whose last renewal failed, said as such until one lands (ADR 0057).
+	unrenewed map[string]struct{}
 	// busy: shards whose pipeline of a round is still out; the rounds skip them (ADR 0081).
 	busy    map[string]bool
 	started bool
@@ -50,12 +50,12 @@ func (rl *renewal) notRenewedSince(t int64) bool {
 }
 
 func newRenewer(r *remote) *renewer {
-	return &renewer{r: r, owned: map[*renewal]struct{}{}, gone: map[string]time.Time{}, stale: map[string]struct{}{},
+	return &renewer{r: r, owned: map[*renewal]struct{}{}, gone: map[string]time.Time{}, unrenewed: map[string]struct{}{},
 		busy: map[string]bool{}}
 }
 
-// abandon has the alive messages say token gone: its final write failed (ADR 0009).
-func (rn *renewer) abandon(token string) {
+// unwritten has the alive messages say token gone: its final write failed (ADR 0009).
+func (rn *renewer) unwritten(token string) {
 	rn.mu.Lock()
 	rn.sayGone(token)
 	rn.mu.Unlock()
@@ -76,7 +76,7 @@ func (rn *renewer) add(ctx context.Context, o *remoteOwnership, cancel context.C
 	return sync.OnceFunc(func() {
 		rn.mu.Lock()
 		delete(rn.owned, rl)
-		delete(rn.stale, o.token)
+		delete(rn.unrenewed, o.token)
 		rn.mu.Unlock()
 	})
 }
@@ -189,14 +189,14 @@ func (rn *renewer) due(now time.Time) (batch, later []*renewal, by time.Time) {
 	return batch, later, by
 }
 
-// said is what a round's alive message says: the tokens stale, and those gone until
+// said is what a round's alive message says: the tokens unrenewed, and those gone until
 // their time.
 func (rn *renewer) said(now time.Time) string {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	var say []string
-	for token := range rn.stale {
-		say = append(say, wake.StaleMark+token)
+	for token := range rn.unrenewed {
+		say = append(say, wake.UnrenewedMark+token)
 	}
 	for token, until := range rn.gone {
 		if until.After(now) {

@@ -3,6 +3,8 @@ package singleflight
 import (
 	"context"
 	"sync"
+
+	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight/internal/poll"
 )
 
 // A local flight that followed takes its mark off the flight's meta once its lead ends
@@ -72,13 +74,16 @@ func (r *remote) keepUnwait(u unwaitReq) {
 	go r.resend()
 }
 
-// resend sends the kept marks again every pollEvery, each once its shard can be asked,
+// unwaitRetry is how often the kept marks are sent again.
+const unwaitRetry = poll.Every
+
+// resend sends the kept marks again every unwaitRetry, each once its shard can be asked,
 // until none is left; a closing Group tries each once more and ends.
 func (r *remote) resend() {
 	defer r.g.wg.Done()
 	q := &r.unwaits
 	for {
-		closing := !sleep(r.g.ctx, pollEvery)
+		closing := !sleep(r.g.ctx, unwaitRetry)
 		q.mu.Lock()
 		batch := make([]unwaitReq, 0, len(q.pending))
 		for _, u := range q.pending {

@@ -23,9 +23,6 @@ type watch = wake.Watch[entry]
 // keepIdleChannels is how long a channel stays subscribed without watchers (ADR 0014).
 const keepIdleChannels = 5 * time.Second
 
-// pollEvery is how often a follower reads its stream while the pub/sub connection is down.
-const pollEvery = poll.Every
-
 // sleep waits d, or until ctx ends (then false).
 func sleep(ctx context.Context, d time.Duration) bool { return poll.Sleep(ctx, d) }
 

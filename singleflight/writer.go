@@ -62,13 +62,13 @@ func (w *Writer) Write(p []byte) (int, error) {
 	}
 	c := append([]byte(nil), p...)
 	w.all = append(w.all, c)
-	remote := w.o.remote()
-	if remote {
+	shared := w.o.shared()
+	if shared {
 		w.pending = append(w.pending, c...)
 	}
 	w.mu.Unlock()
 	w.f.appendChunk(c)
-	if remote {
+	if shared {
 		w.flushOnce.Do(func() { w.flusher.Go(w.flushLoop) })
 		select {
 		case w.wake <- struct{}{}:
@@ -143,7 +143,7 @@ func (w *Writer) flush() bool {
 			w.mu.Unlock()
 			return false
 		}
-		if w.closed && w.o.degraded() {
+		if w.closed && w.o.unusable() {
 			w.mu.Unlock()
 			return true // what is left goes with the final write (ADR 0056)
 		}

@@ -141,5 +141,5 @@ func redisGeneration(cfg Config, ns string) (uint64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*cfg.Redis.DialTimeout+cfg.Redis.ReadTimeout)
 	defer cancel()
 	defer g.Close(ctx)
-	return g.Generation(ctx, ns)
+	return g.NamespaceGeneration(ctx, ns)
 }

@@ -12,49 +12,49 @@ import (
 type aliveState struct {
 	until  time.Time // a lease after the last alive message
 	silent *time.Timer
-	// stale: tokens whose renewal the messages say failed, each with the until of the
+	// unrenewed: tokens whose renewal the messages say failed, each with the until of the
 	// last message that did not say so (ADR 0057).
-	stale map[string]time.Time
+	unrenewed map[string]time.Time
 }
 
-// StaleMark marks a token of an alive message whose last renewal failed.
-const StaleMark = "~"
+// UnrenewedMark marks a token of an alive message whose last renewal failed.
+const UnrenewedMark = "~"
 
 // AliveChannel is where instance publishes that it renewed its leases.
 func (h *Hub[E]) AliveChannel(instance string) string { return h.cfg.AlivePrefix + instance }
 
 // Heard records an alive message on channel, the receiver's part (tests call it too): the
-// tokens said gone, and those newly stale, wake its watchers; the others wake nobody.
+// tokens said gone, and those newly unrenewed, wake its watchers; the others wake nobody.
 func (h *Hub[E]) Heard(channel string, tokens []string) {
 	lease := h.cfg.Lease
 	var gone []string
-	stale := map[string]bool{}
+	unrenewed := map[string]bool{}
 	for _, t := range tokens {
-		if s, ok := strings.CutPrefix(t, StaleMark); ok {
-			stale[s] = true
+		if s, ok := strings.CutPrefix(t, UnrenewedMark); ok {
+			unrenewed[s] = true
 		} else {
 			gone = append(gone, t)
 		}
 	}
-	newlyStale := false
+	newlyUnrenewed := false
 	h.mu.Lock()
 	if len(h.watches[channel]) > 0 {
 		// until first: the timer then fires no sooner, and its watchers find it passed.
 		st := h.alive[channel]
 		if st == nil {
-			st = &aliveState{until: time.Now().Add(lease), stale: map[string]time.Time{}}
+			st = &aliveState{until: time.Now().Add(lease), unrenewed: map[string]time.Time{}}
 			st.silent = time.AfterFunc(lease, func() { h.each(channel, func(*Watch[E]) {}) })
 			h.alive[channel] = st
 		}
 		was := st.until
-		for t := range st.stale {
-			if !stale[t] {
-				delete(st.stale, t) // renewed again
+		for t := range st.unrenewed {
+			if !unrenewed[t] {
+				delete(st.unrenewed, t) // renewed again
 			}
 		}
-		for t := range stale {
-			if _, ok := st.stale[t]; !ok {
-				st.stale[t], newlyStale = was, true
+		for t := range unrenewed {
+			if _, ok := st.unrenewed[t]; !ok {
+				st.unrenewed[t], newlyUnrenewed = was, true
 			}
 		}
 		st.until = time.Now().Add(lease)
@@ -62,7 +62,7 @@ func (h *Hub[E]) Heard(channel string, tokens []string) {
 	}
 	h.mu.Unlock()
 	// Followers parked on the messages work their wait out again, told of tokens said gone.
-	if newlyStale || len(gone) > 0 {
+	if newlyUnrenewed || len(gone) > 0 {
 		h.each(channel, func(w *Watch[E]) {
 			if len(gone) > 0 {
 				w.mu.Lock()
@@ -86,7 +86,7 @@ func (h *Hub[E]) AliveUntil(channel, token string) (until time.Time, moving bool
 	if st == nil {
 		return time.Time{}, false
 	}
-	if until, ok := st.stale[token]; ok {
+	if until, ok := st.unrenewed[token]; ok {
 		return until, false
 	}
 	return st.until, true

@@ -7,8 +7,8 @@ import (
 )
 
 // TestAliveMessagesWakeOnlyOnNews: an alive message that names no token wakes no watcher
-// of its channel and moves its until; one that names a token newly stale, or a token gone,
-// wakes them, and the stale token keeps the until of the last message that did not name it.
+// of its channel and moves its until; one that names a token newly unrenewed, or a token gone,
+// wakes them, and the unrenewed token keeps the until of the last message that did not name it.
 func TestAliveMessagesWakeOnlyOnNews(t *testing.T) {
 	hub := newHub(t)
 	ch := hub.AliveChannel("owner")
@@ -32,16 +32,16 @@ func TestAliveMessagesWakeOnlyOnNews(t *testing.T) {
 	if woken() || first.IsZero() || !moving {
 		t.Fatalf("a plain alive message: until %v (moving %v), or it woke a watcher; want a moving until, nobody woken", first, moving)
 	}
-	hub.Heard(ch, []string{StaleMark + "tok"})
+	hub.Heard(ch, []string{UnrenewedMark + "tok"})
 	if !woken() {
-		t.Error("a token newly stale woke nobody")
+		t.Error("a token newly unrenewed woke nobody")
 	}
 	if until, moving := hub.AliveUntil(ch, "tok"); moving || !until.Equal(first) {
-		t.Errorf("AliveUntil(stale) = %v, moving %v; want %v, fixed", until, moving, first)
+		t.Errorf("AliveUntil(unrenewed) = %v, moving %v; want %v, fixed", until, moving, first)
 	}
-	hub.Heard(ch, []string{StaleMark + "tok"})
+	hub.Heard(ch, []string{UnrenewedMark + "tok"})
 	if woken() {
-		t.Error("a token still stale woke its watchers again")
+		t.Error("a token still unrenewed woke its watchers again")
 	}
 	hub.Heard(ch, []string{"gone"})
 	if !woken() {

@@ -124,7 +124,7 @@ func TestHungMasterDelaysNoOtherMastersLookups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// X holds neither instance's pub/sub connection: what waits on X is the batcher alone.
+	// X holds neither instance's pub/sub connection: what waits on X is the coalescer alone.
 	subs := map[*redistest.Server]bool{}
 	for _, m := range masters {
 		list, err := m.Client().ClientList(context.Background()).Result()
@@ -302,7 +302,7 @@ func TestCallsOfAShardThatGoesDownEndAtOnce(t *testing.T) {
 	r := g.rem()
 	run := func(key string) <-chan error {
 		ch := make(chan error, 1)
-		go func() { ch <- r.batch.run(incrScript, []string{key}, 1, 60000).Err() }()
+		go func() { ch <- r.coalesce.run(incrScript, []string{key}, 1, 60000).Err() }()
 		return ch
 	}
 	var out []<-chan error
@@ -312,9 +312,9 @@ func TestCallsOfAShardThatGoesDownEndAtOnce(t *testing.T) {
 	}
 	queued := run(uniqueKey())
 	waitCond(t, 5*time.Second, "a call queued behind them", func() bool {
-		r.batch.mu.Lock()
-		defer r.batch.mu.Unlock()
-		q := r.batch.shards[""]
+		r.coalesce.mu.Lock()
+		defer r.coalesce.mu.Unlock()
+		q := r.coalesce.shards[""]
 		return q != nil && len(q.queue) == 1
 	})
 
@@ -346,7 +346,7 @@ func TestPipelinedCallsOfARedisThatLostItsScriptsAreAnswered(t *testing.T) {
 	rdb := srv.Client()
 	g := backend{}.group(t, Options{Redis: rdb})
 	r := g.rem()
-	if err := r.batch.run(incrScript, []string{uniqueKey()}, 1, 60000).Err(); err != nil { // the script loaded
+	if err := r.coalesce.run(incrScript, []string{uniqueKey()}, 1, 60000).Err(); err != nil { // the script loaded
 		t.Fatal(err)
 	}
 	if err := rdb.ScriptFlush(context.Background()).Err(); err != nil {
@@ -355,12 +355,12 @@ func TestPipelinedCallsOfARedisThatLostItsScriptsAreAnswered(t *testing.T) {
 	pipelined := &cmdCounter{match: scriptRuns(incrScript)}
 	rdb.AddHook(pipelined)
 	const n = 3
-	batch := make([]*batchCall, n)
+	batch := make([]*queuedCall, n)
 	for i := range batch {
-		batch[i] = &batchCall{script: incrScript, keys: []string{uniqueKey()}, args: []any{i + 1, 60000},
+		batch[i] = &queuedCall{script: incrScript, keys: []string{uniqueKey()}, args: []any{i + 1, 60000},
 			deadline: time.Now().Add(g.opts.RedisTimeout), done: make(chan struct{})}
 	}
-	r.batch.send(&shardQueue{out: map[*outPipeline]bool{}}, batch)
+	r.coalesce.send(&shardQueue{out: map[*outPipeline]bool{}}, batch)
 	if pipelined.n.Load() == 0 || pipelined.calls.Load() < n {
 		t.Fatalf("%d EVALSHAs in %d round trips; want the %d calls sent in one pipeline first", pipelined.calls.Load(), pipelined.n.Load(), n)
 	}

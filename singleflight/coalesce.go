@@ -10,10 +10,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// batcher sends the scripts many flights run at once in shared pipelines; a lone call goes
+// coalescer sends the scripts many flights run at once in shared pipelines; a lone call goes
 // at once. Each shard (see remote.shard) has its own queue and pipelines: a Cluster master
 // that hangs holds up its own calls, never another master's. See ADRs 0016, 0063.
-type batcher struct {
+type coalescer struct {
 	r *remote
 
 	mu     sync.Mutex
@@ -24,7 +24,7 @@ type batcher struct {
 // guards it.
 type shardQueue struct {
 	shard    string
-	queue    []*batchCall
+	queue    []*queuedCall
 	inflight int                   // pipelines out
 	out      map[*outPipeline]bool // those sent, until they return
 }
@@ -35,7 +35,7 @@ type outPipeline struct {
 	shed   atomic.Bool
 }
 
-type batchCall struct {
+type queuedCall struct {
 	script   *redis.Script
 	keys     []string
 	args     []any
@@ -52,8 +52,8 @@ const (
 
 // run runs script in a shared pipeline of its shard; once queued, it goes out whatever its
 // caller does, unless its shard is down or its deadline passed first.
-func (b *batcher) run(script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	c := &batchCall{script: script, keys: keys, args: args, done: make(chan struct{}),
+func (b *coalescer) run(script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	c := &queuedCall{script: script, keys: keys, args: args, done: make(chan struct{}),
 		deadline: time.Now().Add(b.r.g.opts.RedisTimeout)}
 	shard := b.r.shardOf(keys[0])
 	b.mu.Lock()
@@ -99,17 +99,17 @@ func failedCmd(err error) *redis.Cmd {
 }
 
 // sendNext sends one pipeline of what q holds; a goroutine sends the next if more came.
-func (b *batcher) sendNext(q *shardQueue) {
+func (b *coalescer) sendNext(q *shardQueue) {
 	b.mu.Lock()
 	n := min(len(q.queue), maxBatch)
-	batch := q.queue[:n:n]
+	calls := q.queue[:n:n]
 	q.queue = q.queue[n:]
 	if len(q.queue) == 0 {
 		q.queue = nil
 	}
 	b.mu.Unlock()
 	if n > 0 {
-		b.send(q, batch)
+		b.send(q, calls)
 	}
 	b.mu.Lock()
 	more := len(q.queue) > 0
@@ -127,9 +127,9 @@ func (b *batcher) sendNext(q *shardQueue) {
 
 // shed ends at once the calls of a shard found down ("": every shard), queued or sent:
 // their callers need not wait out their own deadlines (ADR 0063).
-func (b *batcher) shed(shard string) {
+func (b *coalescer) shed(shard string) {
 	b.mu.Lock()
-	var dropped []*batchCall
+	var dropped []*queuedCall
 	for s, q := range b.shards {
 		if shard == "" || s == shard {
 			dropped = append(dropped, q.queue...)
@@ -147,9 +147,9 @@ func (b *batcher) shed(shard string) {
 	}
 }
 
-func (b *batcher) send(q *shardQueue, batch []*batchCall) {
+func (b *coalescer) send(q *shardQueue, calls []*queuedCall) {
 	// No command goes to a suspected shard: its PING decides first (ADR 0056).
-	if first := earliest(batch); time.Now().Before(first) {
+	if first := earliest(calls); time.Now().Before(first) {
 		ctx, cancel := context.WithDeadline(context.Background(), first)
 		b.r.awaitShard(ctx, q.shard)
 		cancel()
@@ -157,7 +157,7 @@ func (b *batcher) send(q *shardQueue, batch []*batchCall) {
 	// A call whose shard went down while it queued is not sent, nor one whose deadline
 	// passed: one deadline is all its caller waits (ADR 0056).
 	now := time.Now()
-	batch = slices.DeleteFunc(batch, func(c *batchCall) bool {
+	calls = slices.DeleteFunc(calls, func(c *queuedCall) bool {
 		switch {
 		case c.late.Load():
 		case !now.Before(c.deadline):
@@ -170,22 +170,22 @@ func (b *batcher) send(q *shardQueue, batch []*batchCall) {
 		close(c.done)
 		return true
 	})
-	if len(batch) == 0 {
+	if len(calls) == 0 {
 		return
 	}
-	// Watched on a call that is sent, until the first deadline of the batch: its verdict
+	// Watched on a call that is sent, until the first deadline of the calls: its verdict
 	// is in by then.
-	ctx, cancel := b.r.watchedUntil(context.Background(), batch[0].keys[0], earliest(batch))
+	ctx, cancel := b.r.watchedUntil(context.Background(), calls[0].keys[0], earliest(calls))
 	defer cancel()
 	p := &outPipeline{cancel: cancel}
 	b.mu.Lock()
 	q.out[p] = true
 	b.mu.Unlock()
-	b.exec(ctx, batch)
+	b.exec(ctx, calls)
 	b.mu.Lock()
 	delete(q.out, p)
 	b.mu.Unlock()
-	for _, c := range batch {
+	for _, c := range calls {
 		if p.shed.Load() && c.cmd.Err() != nil {
 			c.cmd = failedCmd(errShardDown)
 		}
@@ -193,20 +193,20 @@ func (b *batcher) send(q *shardQueue, batch []*batchCall) {
 	}
 }
 
-// exec runs batch's calls, in one pipeline if there are several.
-func (b *batcher) exec(ctx context.Context, batch []*batchCall) {
+// exec runs calls's calls, in one pipeline if there are several.
+func (b *coalescer) exec(ctx context.Context, calls []*queuedCall) {
 	rdb := b.r.rdb
-	if len(batch) == 1 {
-		c := batch[0]
+	if len(calls) == 1 {
+		c := calls[0]
 		c.cmd = c.script.Run(ctx, rdb, c.keys, c.args...)
 		return
 	}
 	pipe := rdb.Pipeline()
-	for _, c := range batch {
+	for _, c := range calls {
 		c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx) // each call's error is its command's
-	for _, c := range batch {
+	for _, c := range calls {
 		if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
 			// A Redis that lost its scripts: Run sends the script itself.
 			c.cmd = c.script.Run(ctx, rdb, c.keys, c.args...)
@@ -214,10 +214,10 @@ func (b *batcher) exec(ctx context.Context, batch []*batchCall) {
 	}
 }
 
-// earliest is the first deadline of batch's calls.
-func earliest(batch []*batchCall) time.Time {
-	first := batch[0].deadline
-	for _, c := range batch[1:] {
+// earliest is the first deadline of calls's calls.
+func earliest(calls []*queuedCall) time.Time {
+	first := calls[0].deadline
+	for _, c := range calls[1:] {
 		if c.deadline.Before(first) {
 			first = c.deadline
 		}
