@@ -38,7 +38,7 @@ type invalidation struct {
 	once   sync.Once
 	mu     sync.Mutex
 	purged map[string]time.Time // key → when its purge reached this process (monotonic)
-	nsGens   *lru.Cache[string, nsGeneration]
+	nsGens *lru.Cache[string, nsGeneration]
 	epoch  uint64            // counts namespace messages: a read that raced one is not kept
 	local  map[string]uint64 // in-memory Group: the namespace generations themselves
 	ready  chan struct{}     // closed when the subscription first listens (at once in memory)
