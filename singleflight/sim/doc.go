@@ -29,6 +29,7 @@
 //	go test ./singleflight/sim -run TestStories -update          # rewrite the stories
 //	go test ./singleflight/sim -run TestExplore -args -sim.seeds=20000 -sim.first=1
 //	go test ./singleflight/sim -run TestExplore -v -args -sim.seed=1610   # one seed's timeline
+//	go test ./singleflight/sim -run TestExplore -v -args -sim.seed=1610 -sim.commands   # with Redis's commands
 //
 // make explore runs an exploration of SEEDS seeds (docs/simulator.md has the last figures).
 //

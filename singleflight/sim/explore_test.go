@@ -20,6 +20,7 @@ var (
 	seeds    = flag.Int("sim.seeds", 64, "seeds TestExplore runs")
 	firstArg = flag.Int64("sim.first", 1, "first seed TestExplore runs")
 	oneSeed  = flag.Int64("sim.seed", 0, "run this seed alone and print its timeline")
+	commands = flag.Bool("sim.commands", false, "with -sim.seed: the timeline shows the Redis commands too")
 )
 
 // TestExplore runs -sim.seeds seeds from -sim.first, or -sim.seed alone.
@@ -59,6 +60,9 @@ func explore(t *testing.T, seed int64, show bool) *world {
 	synctest.Test(t, func(t *testing.T) {
 		cfg, drive := scenario(seed)
 		cfg.progress = &progress
+		if show && *commands {
+			cfg.verbose = quiet
+		}
 		w = newWorld(t, cfg)
 		hist.Store(w.hist)
 		drive(w)

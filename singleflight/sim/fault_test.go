@@ -114,14 +114,18 @@ func (w *world) restartRedis(at, down, snapshot time.Duration, i int) {
 			n.takeSnapshot()
 		})
 	}
+	// Restarts that overlap keep the server down until the last one ends.
 	w.at(at, func() {
 		w.hist.add("redis", kFault, "", "%s stops", nodeName(n.addr))
 		w.eachLink("", n.addr, (*link).resetAll) // in a known order, before the server drops them
-		n.stop()
+		n.halt()
 	})
 	w.at(at+down, func() {
-		w.hist.add("redis", kFault, "", "%s starts from its snapshot", nodeName(n.addr))
-		n.restart()
+		if n.restart() {
+			w.hist.add("redis", kFault, "", "%s starts from its snapshot", nodeName(n.addr))
+		} else {
+			w.hist.add("redis", kFault, "", "%s stays down: another restart holds it", nodeName(n.addr))
+		}
 	})
 }
 

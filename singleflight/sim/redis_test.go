@@ -27,10 +27,11 @@ type node struct {
 	lost  func(channel string) // told of each message lost (set by the world before any client)
 	seen  sync.Map             // the names of the commands it ran, scripts' own calls included
 
-	mu   sync.Mutex
-	m    *miniredis.Miniredis
-	up   bool
-	snap *snapshot
+	mu    sync.Mutex
+	m     *miniredis.Miniredis
+	up    bool
+	snap  *snapshot
+	downs int // restarts under way: the server is up again once the last one ends
 }
 
 func newNode(addr string) *node {
@@ -114,16 +115,34 @@ func (n *node) stop() {
 	m.Close()
 }
 
-// restart brings the server back from its last snapshot (empty without one): what was
-// written since is lost, and so are its scripts and subscriptions.
-func (n *node) restart() {
+// halt stops the server for a restart; false: another restart holds it down already.
+func (n *node) halt() bool {
 	n.mu.Lock()
-	snap := n.snap
+	n.downs++
+	first := n.downs == 1
 	n.mu.Unlock()
+	if first {
+		n.stop()
+	}
+	return first
+}
+
+// restart brings the server back from its last snapshot (empty without one) once no other
+// restart holds it down: what was written since is lost, and so are its scripts and
+// subscriptions. False: another restart holds it down still.
+func (n *node) restart() bool {
+	n.mu.Lock()
+	n.downs--
+	last, snap := n.downs == 0, n.snap
+	n.mu.Unlock()
+	if !last {
+		return false
+	}
 	m := n.start(snap)
 	n.mu.Lock()
 	n.m, n.up = m, true
 	n.mu.Unlock()
+	return true
 }
 
 // snapshot is the data of a server at one time.
