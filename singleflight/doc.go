@@ -55,7 +55,7 @@
 //     PEXPIRE durations, and Go code measures with the monotonic clock. The landing gate alone adds
 //     a monotonic wait to a Redis time, and decides no lease (ADR 0021). Scripts that write
 //     after TIME need effect replication, the default since Redis 5.
-//   - Lease, not lock: one goroutine per process renews every lease, in a pipeline per
+//   - Lease, not lock: one renewer per process renews every lease in rounds, a pipeline per
 //     shard (a hung master fails only its own), then publishes an alive message; a lease
 //     whose final write is being made is renewed late (ADRs 0007, 0008, 0081). The
 //     heartbeat lives under Options.Timeout: no zombie owner.
@@ -111,48 +111,61 @@
 //
 // # Goroutines and ownership
 //
-// Who starts each kind of goroutine, and what it may touch (ADR 0076):
+// Every goroutine the package starts (a grep of "go ", ".Go(" and "AfterFunc(" finds no
+// other), who starts it, and what it may touch (ADR 0076):
 //
-//   - The lead (run.go Group.lead): started by DoWith (group.go), on the caller's goroutine
-//     if Inline. It runs leader.run (lead.go), the owner function (owner.go own, callOwner)
-//     and the follow (follow.go); it owns its leader and follower, and the flight under
-//     f.mu. On its end it sends unwait.lua (abandon.go unwait) when its lead may have left
-//     a mark.
+//   - The lead (run.go Group.lead): started by DoWith (group.go), or run on the caller's
+//     goroutine if Inline. It runs leader.run (lead.go), the owner function (owner.go own,
+//     callOwner) and the follow (follow.go); it owns its leader and follower, and the
+//     flight under f.mu. On its end it sends unwait.lua (abandon.go unwait) when its lead
+//     may have left a mark.
 //   - The resume (park.go parking.resume): started by the first of a parked follow's
 //     hooks to fire (a watch woken, its timer, the flight's context); it takes the lead
 //     over (leader.resume) and may end the flight.
-//   - The Inline retry (lead.go retry; run.go retryAfterJitter for memory): started when an
-//     Inline flight's attempt failed, so that its caller gets its failure at once (ADR
-//     0025); it takes the lead over.
-//   - The renewer (renewer.go loop), its round's shards (renew.go goRenew, publishAlive)
-//     and a late renewal (renewLater): started by the first owned lease; they read
-//     remoteOwnership's atomics, cancel an attempt whose lease was lost (its cancel func),
-//     cut one Redis cut (abandon.go cutAttempt), and publish alive.
-//   - The hub's sender and receiver (internal/wake): started by the first Watch or Listen;
-//     the sender opens the connection, on a Cluster master wake.go hubNode picks.
+//   - The retry (lead.go retry; run.go retryAfterJitter, for memory and ownLocally): started
+//     when an Inline flight's attempt failed, so that its caller gets its failure at once
+//     (ADR 0025); it takes the lead over.
+//   - The renewer (renewer.go loop): started by the first owned lease. Each round starts a
+//     goroutine per shard (renew.go goRenew), each sending its renewals a chunk at a time
+//     on renewChunks goroutines (send), and in a Cluster one for the alive message
+//     (publishAlive); renewals that failed go on a late renewal (renewer.go renewLater),
+//     which starts one per shard again (sendShards). They write remoteOwnership's atomics
+//     (until and leaseFrom in renewed, cutIn in cutLearned), cancel an attempt whose lease
+//     was lost (its cancel func) and carry out a cut (abandon.go cutAttempt). cutDue's
+//     goroutine renews too, when it asks for a cut (remote_owner.go cut).
+//   - The hub's sender and receiver (internal/wake conn.go): started by the first Watch or
+//     Listen; the sender opens the connection, on a Cluster master wake.go hubNode picks.
 //     The receiver runs purge.go's listener and wakes watches, which runs a park's hook
-//     (it only starts a resume). An alive channel's silence timer wakes them too.
-//   - The probe (degrade.go probe): started by the first shard to go down; the confirming
-//     PING (degrade.go confirm): started by a Redis operation's half-deadline timer
-//     (remote.go watchedOp). Both touch remote's fields under remote.mu alone.
-//   - goOn (owner.go): started by a final write Redis did not answer; it retries it
-//     (ownership.again) after the caller was answered, then ends the attempt.
+//     (it only starts a resume). An alive channel's silence timer (alive.go) wakes them too.
+//   - The confirming PING (degrade.go confirmBy): started by a Redis operation's
+//     half-deadline timer (remote.go watchedUntil), by an operation that timed out
+//     (remote.go redisErrAt, newToken), and by the hub's PING left unanswered (wake.go
+//     hubUnanswered). A PING not answered degrades the shard: the coalescer's calls for it
+//     end (shed) and every watch is woken (WakeAll, which starts resumes). The probe
+//     (degrade.go probe): started by the first shard to go down. Both touch remote's fields
+//     under remote.mu alone.
+//   - goOn (owner.go): started by a final write Redis did not answer; it makes it again
+//     (ownership.again) after the caller was answered, then ends the attempt; it writes the
+//     final write's fields (remote_owner.go try) from then on.
 //   - A Writer's flush loop (writer.go flushLoop): started by a remote owner's first Write;
 //     it shares the Writer's buffers under Writer.mu.
-//   - The coalescer's senders (coalesce.go sendNext): send a shard's queued lookups and completes
-//     in pipelines, at most maxPipelines per shard; they touch the queues under coalescer.mu.
+//   - The coalescer's senders (coalesce.go sendNext): the first pipeline of a shard goes on
+//     the caller's goroutine, each next on a goroutine of its own, at most maxPipelines per
+//     shard; they touch the queues under coalescer.mu.
+//   - The resend of kept unwaits (unwait.go resend): started by the first unwait Redis did
+//     not answer; it touches the queue under its mutex.
 //   - The idle timer's cutDue (abandon.go): started when nobody waits for an attempt owned
 //     here; after AbandonGrace it asks ownership.cut and cancels the attempt with
-//     ErrAbandoned. An Inline caller's context end runs callerGone (group.go).
+//     ErrAbandoned. An Inline starter's context end runs callerGone (group.go).
 //
 // Hand-over: a leader, and its follower, belong to one goroutine at a time, the one in
 // leader.run. It lets go by parking (followHeld, then leadDetached) or by starting a
 // retry (leadDetached), and from then on reads only the fields fixed when the leader was
 // made (r, ctx, f). park sets every hook under parking.mu; the first to fire alone starts
 // a resume (parking.fired), which takes parking.mu before it goes on.
-// remoteOwnership's plain fields (op, write, wctx, raw, ferr) are written by own's
-// goroutine before goOn starts and read only by goOn after; its atomics (until, n,
-// leaseFrom, finalPending, cutIn) are shared with the renewer and cutDue.
+// remoteOwnership's final-write fields (op, write, wctx, leaseEnd, raw, ferr) are written
+// by own's goroutine until goOn starts, then by goOn's alone; its atomics (until, n,
+// leaseFrom, finalPending, cutIn) are shared with the renewers and cutDue.
 //
 // # Walkthroughs
 //
