@@ -56,20 +56,22 @@ type followClock struct {
 type lookReason uint8
 
 const (
-	lookLease   lookReason = iota // the lease the follower knows runs out
-	lookReread                    // the meta moved on before the stream said so: read it, look again (ADR 0006)
-	lookBlind                     // Redis did not answer the last look: ask again
-	lookGone                      // the owner's instance said the attempt gone (ADRs 0009, 0011)
-	lookLate                      // a late final write after an outage may still land (ADR 0060)
-	lookAlive                     // the owner's instance is alive: look when it falls silent, or at the trust's end
-	lookVouched                   // alive messages vouched for the attempt until then, and no message moves it
-	lookTrust                     // the trust in the alive messages runs out (ADR 0082)
-	lookRecheck                   // remote.recheckEvery (tests)
-	readPubsub                    // the pub/sub connection is down: read the stream instead (ADR 0012)
-	readOutage                    // Redis cannot be asked and the callers have bytes: read once it answers (ADR 0060)
+	lookLease      lookReason = iota // the lease the follower knows runs out
+	lookReread                       // the meta moved on before the stream said so: read it, look again (ADR 0006)
+	lookBlind                        // Redis did not answer the last look: ask again
+	lookGone                         // the owner's instance said the attempt gone (ADRs 0009, 0011)
+	lookLate                         // a late final write after an outage may still land (ADR 0060)
+	lookAlive                        // the owner's instance is alive: look when it falls silent, or at the trust's end
+	lookVouched                      // alive messages vouched for the attempt until then, and no message moves it
+	lookTrust                        // the trust in the alive messages runs out (ADR 0082)
+	lookRecheck                      // remote.recheckEvery (tests)
+	readPubsub                       // the pub/sub connection is down: read the stream instead (ADR 0012)
+	readOutage                       // Redis cannot be asked and the callers have bytes: read once it answers (ADR 0060)
+	lookReadFailed                   // a read of the stream failed (a failover, say): ask the meta
+	lookHang                         // the shard hangs: a look says whether the follower may call (ADR 0023)
 )
 
-var lookReasons = [...]string{"lease", "re-read", "blind", "gone", "late", "alive", "vouched", "trust", "recheck", "pub/sub down", "outage"}
+var lookReasons = [...]string{"the lease known ends", "a re-read", "a blind look again", "said gone", "a late write waited", "alive", "vouched until then", "trust ends", "recheck", "pub/sub down", "outage", "a read failed", "Redis hangs"}
 
 func (r lookReason) String() string { return lookReasons[r] }
 

@@ -18,6 +18,10 @@ const (
 	followLeft                       // the flight's context ended: its callers left
 )
 
+var followKinds = [...]string{"done", "failed", "expired", "Redis unusable", "entries lost", "parked", "left"}
+
+func (k followKind) String() string { return followKinds[k] }
+
 type followEnd struct {
 	kind     followKind
 	res      Result
@@ -64,6 +68,7 @@ type follower struct {
 	aliveOf string
 	clock   followClock // when to look next, and why (clock.go)
 	waiting lookReason  // why the wait under way ends when its timer fires
+	lookWhy lookReason  // why the look under way is made (EventLook)
 	looks   int         // looks in a row that found the meta moved on before the stream said so
 	read    bool        // read the stream before waiting
 	ending  followEnd   // with followEnded: how the follow ended
@@ -115,7 +120,7 @@ func (fw *follower) loop(ev wakeEvent) followEnd {
 			if fw.alive != nil {
 				fw.alive.Close()
 			}
-			fw.l.r.g.observe(Event{Kind: EventWait, Key: fw.l.f.key, Duration: time.Since(fw.clock.start)})
+			fw.l.r.g.observe(Event{Kind: EventWait, Key: fw.l.f.key, Duration: time.Since(fw.clock.start), Reason: fw.ending.kind.String()})
 			return fw.ending
 		}
 		followMoves.check("follow", st, next)
@@ -150,6 +155,7 @@ func (fw *follower) wait() followState {
 		return followOutage
 	}
 	if r.hangingFor(fw.l.f.key) {
+		fw.lookWhy = lookHang
 		return followLook // a hang says nothing of when Redis answers again (ADR 0023)
 	}
 	if inst := tokenInstance(fw.l.pos.token); inst != fw.aliveOf {
@@ -213,10 +219,12 @@ func (fw *follower) timerFired() followState {
 		fw.read = true
 		return followRead
 	}
-	if at, _ := fw.next(); time.Until(at) > 0 && fw.clock.recheck == 0 {
+	at, why := fw.next()
+	if time.Until(at) > 0 && fw.clock.recheck == 0 {
 		fw.looks = 0 // the owner said it is alive since the wait began
 		return followWait
 	}
+	fw.lookWhy = why
 	if r.g.hooks.readGap != nil {
 		r.g.hooks.readGap()
 	}
@@ -242,6 +250,7 @@ func (fw *follower) take() followState {
 		}
 		if err != nil {
 			r.redisErr("xread", f.key, err) // e.g. a failover: check again
+			fw.lookWhy = lookReadFailed
 			return followLook
 		}
 	}

@@ -17,6 +17,7 @@ const (
 
 // look looks the flight up; an attempt said gone is waited on for its lease alone.
 func (fw *follower) look() followState {
+	fw.l.r.g.observe(Event{Kind: EventLook, Key: fw.l.f.key, Reason: fw.lookWhy.String()})
 	fw.clock.looking(time.Now(), fw.aliveView())
 	switch fw.recheck() {
 	case lookEnd:

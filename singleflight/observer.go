@@ -23,13 +23,14 @@ const (
 	EventRecovered                            // every Redis shard answers again: distributed dedupe everywhere
 	EventFlightStart                          // a local flight started
 	EventFlightEnd                            // a local flight ended
-	EventWait                                 // a follower's wait for a remote owner ended (Duration)
+	EventWait                                 // a follower's wait for a remote owner ended (Duration; Reason: how, follow.go followKind)
 	EventShardDown                            // one Redis shard cannot be used (Op: its master's address; "" = all of Redis)
 	EventShardUp                              // that shard answers again (Op)
 	EventPurge                                // this Group purged stored answers (Op: answer or namespace)
 	EventInvalidated                          // a purge reached this Group's memory (Op: answer, namespace, or all after a lost subscription)
 	EventSubscribed                           // the purge subscription is (again) listening
 	EventAbandoned                            // no caller waited for an attempt owned here, and the spell ended (Reason: cancelled, finished, rejoined; Bytes: received for nobody)
+	EventLook                                 // a follower looks its flight up in Redis (Reason: why now, clock.go lookReason)
 )
 
 // Event is one thing that happened. Only the fields its kind names are set.

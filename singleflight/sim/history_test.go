@@ -113,22 +113,24 @@ func timeline(events []event, res time.Duration, kinds ...kind) string {
 }
 
 // rank orders the events of one instant on one instance as they usually follow from one
-// another: a fault, a client asking, Redis's answers, the Group's events, the upstream, a
-// client answered.
+// another: a fault, a client asking, a follower's reason to look, Redis's answers, the
+// Group's events, the upstream, a client answered.
 func rank(e event) int {
 	switch {
 	case e.kind == kFault:
 		return 0
 	case e.kind == kClient && strings.Contains(e.what, " asks "):
 		return 1
+	case e.kind == kFlight && strings.Contains(e.what, ": looks: "):
+		return 2 // a look's reason, before the lookup it sends
 	case e.kind == kRedis:
-		return 2
-	case e.kind == kFlight:
 		return 3
-	case e.kind == kCall:
+	case e.kind == kFlight:
 		return 4
+	case e.kind == kCall:
+		return 5
 	}
-	return 5
+	return 6
 }
 
 func fmtAt(d time.Duration) string {
@@ -207,7 +209,9 @@ func describe(e singleflight.Event) string {
 	case singleflight.EventAbandoned:
 		return fmt.Sprintf("%s: nobody waited, spell ended (%s)", k, e.Reason)
 	case singleflight.EventWait:
-		return fmt.Sprintf("%s: wait for the owner ended", k)
+		return fmt.Sprintf("%s: wait for the owner ended: %s", k, e.Reason)
+	case singleflight.EventLook:
+		return fmt.Sprintf("%s: looks: %s", k, e.Reason)
 	}
 	return ""
 }
