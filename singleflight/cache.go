@@ -58,7 +58,8 @@ func (g *Group) keepFor(key string, head Head, body []byte, age, ttl time.Durati
 
 // forgetKept drops key's answer kept here if it is body: an answer whose final write was
 // fenced is not the flight's, which another owner ended (ADR 0027: its local readers got
-// it; later callers get the flight's).
+// it; callers after the refusal get the flight's). It was kept before the write, so a
+// caller here between the two gets it: the write's refusal is not known before.
 func (g *Group) forgetKept(key string, body []byte) {
 	g.cacheMu.Lock()
 	defer g.cacheMu.Unlock()

@@ -78,9 +78,12 @@
 //   - Not after the answer: a caller that may have joined once it landed looks again
 //     (ADR 0021).
 //   - No call nobody can use; attempts are bounded by MaxAttempts (ADR 0026).
-//   - No call nobody waits for: once no caller anywhere has waited for AbandonGrace, the
-//     owner's renewal cuts the flight in Redis (state A) and the call is cancelled with
-//     ErrAbandoned; followers mark the meta, and unmark it when they leave (ADR 0074).
+//   - No call nobody waits for: once no caller here has waited for AbandonGrace, the
+//     owner's renewals ask Redis to cut the flight; renew.lua cuts it (state A) when no
+//     follower's mark stands, none asked to finish and the last left a grace ago, and the
+//     call is cancelled with ErrAbandoned. Followers mark the meta, and unmark it when they
+//     leave; an instance killed leaves its marks, and the call runs to its end (ADRs 0074,
+//     0080).
 //   - Owner code never hangs a follower: a panic is recovered and fails the attempt.
 //
 // # Outcomes
@@ -215,7 +218,8 @@
 //   - internal/wake (the connection, its watches, alive state; wake.go wires it): pub/sub wake-ups;
 //     park.go: waiting without a goroutine.
 //   - owner.go, remote_owner.go, writer.go, renewer.go, renew.go: owning an attempt.
-//   - decision.go: typed replies of lua/*.lua; batch.go: group commit, per shard (ADRs 0016, 0063).
+//   - decision.go: typed replies of lua/*.lua; coalesce.go: lookups and completes sent
+//     together, per shard (ADRs 0016, 0063).
 //   - abandon.go: who still waits, and the cut of a call nobody waits for (ADR 0074).
 //   - degrade.go, refusal.go, check.go: a failing Redis; answered.go: the landing gate;
 //     purge.go: purges; cache.go (the Group's cache), lru.go (its LRU): answers kept in memory (ADR 0028).

@@ -179,7 +179,7 @@ func replyWord(name string, cmd redis.Cmder) string {
 	case "append":
 		return pick(v, map[int64]string{1: "appended", 0: "fenced", 2: "full", -1: "gone", -2: "cut"}, "?")
 	case "complete", "fail":
-		return pick(v, map[int64]string{1: name + "d", 0: "fenced", -1: "gone"}, "?")
+		return pick(v, map[int64]string{1: map[string]string{"complete": "completed", "fail": "failed"}[name], 0: "fenced", -1: "gone"}, "?")
 	case "unwait":
 		return pick(v, map[int64]string{1: "unmarked", 0: "no mark"}, "?")
 	case "incr", "purge_ns":

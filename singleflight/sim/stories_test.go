@@ -15,7 +15,9 @@ func stories() []story {
 			name: "owner-killed-follower-has-bytes",
 			about: `Instance A owns a streamed flight and is killed mid-stream; B's client already has bytes.
 What does B's client get, and when? It keeps what it has, then an error, never bytes of
-another call. B looks a lease after A's last renewal, and makes no call: nobody there
+another call. B looks a lease after the last batch it read (its clock's own timer: a
+follow this young does not count A's alive messages), finds the lease A renewed just
+before it died still running, looks again at its end, and makes no call: nobody there
 could use one (ADR 0026).`,
 			cfg: config{seed: 1, instances: 2, keys: stream, plans: every(plan{chunks: 8, gap: 450 * time.Millisecond})},
 			drive: func(w *world) {
@@ -104,7 +106,9 @@ meanwhile, is shared through Redis as ever (ADR 0063).`,
 			name: "stale-owner-paused-past-its-lease-is-fenced",
 			about: `A owns a call and is paused past its lease; B takes the flight over with a new token.
 When A resumes, its renewal compares the whole token and is refused: A cancels its call
-(lease lost) and its waiting client follows B's attempt (ADRs 0002, 0027).`,
+(lease lost); its client, which has bytes of A's call, gets an error (a client with none
+would follow B's attempt; ADRs 0002, 0027). A's timers ran while it was paused: in one
+process a pause holds A's connections, not its clock (sim/doc.go).`,
 			cfg: config{seed: 6, instances: 2, keys: stream, plans: every(plan{chunks: 3, gap: 1700 * time.Millisecond})},
 			drive: func(w *world) {
 				w.ask(clientSpec{at: 0, on: "A", key: "k1"})
@@ -174,8 +178,9 @@ gets an error, never a second call's bytes.`,
 			name: "stale-owners-whole-answer-is-no-hit",
 			about: `A is paused while its call runs; B takes the flight over and stores its call's answer.
 A resumes, its call returns whole, and A's clients get it (ADR 0027), but its final write
-is refused: the flight's answer is B's, and A drops its own from memory, so that every
-instance's next caller gets B's answer as a hit.`,
+is refused: the flight's answer is B's, and A drops its own from memory, so that from
+then on every instance's next caller gets B's answer as a hit. (Between A's answer and
+the refusal, A's memory holds A's own answer: the checker allows a hit of it only then.)`,
 			cfg: config{seed: 12, instances: 2, keys: unary, plans: every(plan{chunks: 1, gap: 1013 * time.Millisecond})},
 			drive: func(w *world) {
 				w.ask(clientSpec{at: 0, on: "A", key: "k1"})

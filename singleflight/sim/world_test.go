@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -481,11 +482,19 @@ func (c *client) bodyWordLocked() string {
 	}
 	parts := strings.Split(strings.TrimSuffix(string(c.body), ";"), ";")
 	calls := map[string]int{}
-	var order []string
+	var order, failures []string
 	for _, p := range parts {
 		f := strings.Split(p, ".")
 		if len(f) < 3 {
 			return fmt.Sprintf("%q", c.body)
+		}
+		if _, err := strconv.Atoi(f[2]); err != nil { // a failed answer's body: what failed
+			what := map[string]string{"fail": "failure"}[f[2]]
+			if what == "" {
+				what = f[2]
+			}
+			failures = append(failures, fmt.Sprintf("call %s's %s", f[1], what))
+			continue
 		}
 		if calls[f[1]] == 0 {
 			order = append(order, f[1])
@@ -496,7 +505,7 @@ func (c *client) bodyWordLocked() string {
 	for _, n := range order {
 		s = append(s, fmt.Sprintf("%d chunks of call %s", calls[n], n))
 	}
-	return strings.Join(s, " + ")
+	return strings.Join(append(s, failures...), " + ")
 }
 
 func errName(err error) string {
