@@ -2,6 +2,7 @@ package singleflight
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +24,8 @@ func TestOwnerSendsNoAppendToAShardFoundHanging(t *testing.T) {
 	a.opts.Redis.AddHook(appends)
 	key := uniqueKey()
 	write, end := make(chan struct{}), make(chan struct{})
+	writeNow, endNow := sync.OnceFunc(func() { close(write) }), sync.OnceFunc(func() { close(end) })
+	t.Cleanup(func() { writeNow(); endNow() }) // before a is closed, whatever failed
 	writers := make(chan *Writer, 1)
 	var calls int
 	r, err := a.Do(key, false, func(ctx context.Context, w *Writer) (Result, error) {
@@ -40,23 +43,25 @@ func TestOwnerSendsNoAppendToAShardFoundHanging(t *testing.T) {
 	}
 	sr := readStream(context.Background(), r)
 	<-sr.first
-	waitCond(t, 5*time.Second, "the first batch appended", func() bool {
-		return srv.Client().XLen(context.Background(), a.rem().keys(key).stream).Val() >= 2 // gen, chunk
+	w := <-writers
+	waitCond(t, 5*time.Second, "the first batch appended, as the owner knows", func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.n == 1
 	})
 
 	link.Set(faultproxy.Fault{Mode: faultproxy.Hang})
 	t.Cleanup(func() { link.Set(faultproxy.Fault{}) })
 	findsHanging(t, a, key, confirmed)
 	sent := appends.calls.Load()
-	w := <-writers
-	close(write)
+	writeNow()
 	waitCond(t, 5*time.Second, "the second batch taken to be appended", func() bool {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		return w.inflight != nil && w.inflight.n == 2
 	})
 	ended := time.Now()
-	close(end)
+	endNow()
 	select {
 	case out := <-sr.done:
 		if out.err != nil || out.body != "ab" {
