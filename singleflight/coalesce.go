@@ -36,11 +36,8 @@ type outPipeline struct {
 }
 
 type queuedCall struct {
-	script   *redis.Script
-	keys     []string
-	args     []any
+	scriptCall
 	deadline time.Time // one deadline from when it was queued (ADR 0056)
-	cmd      *redis.Cmd
 	done     chan struct{}
 	late     atomic.Bool // its caller stopped waiting: not sent
 }
@@ -53,7 +50,7 @@ const (
 // run runs script in a shared pipeline of its shard; once queued, it goes out whatever its
 // caller does, unless its shard is down or its deadline passed first.
 func (b *coalescer) run(script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	c := &queuedCall{script: script, keys: keys, args: args, done: make(chan struct{}),
+	c := &queuedCall{scriptCall: scriptCall{script: script, keys: keys, args: args}, done: make(chan struct{}),
 		deadline: time.Now().Add(b.r.g.opts.RedisTimeout)}
 	shard := b.r.shardOf(keys[0])
 	b.mu.Lock()
@@ -201,17 +198,11 @@ func (b *coalescer) exec(ctx context.Context, calls []*queuedCall) {
 		c.cmd = c.script.Run(ctx, rdb, c.keys, c.args...)
 		return
 	}
-	pipe := rdb.Pipeline()
-	for _, c := range calls {
-		c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+	sc := make([]*scriptCall, len(calls))
+	for i, c := range calls {
+		sc[i] = &c.scriptCall
 	}
-	_, _ = pipe.Exec(ctx) // each call's error is its command's
-	for _, c := range calls {
-		if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
-			// A Redis that lost its scripts: Run sends the script itself.
-			c.cmd = c.script.Run(ctx, rdb, c.keys, c.args...)
-		}
-	}
+	runPipelined(ctx, rdb, sc, nil)
 }
 
 // earliest is the first deadline of calls's calls.

@@ -339,8 +339,8 @@ func TestCallsOfAShardThatGoesDownEndAtOnce(t *testing.T) {
 }
 
 // TestPipelinedCallsOfARedisThatLostItsScriptsAreAnswered: calls sharing a pipeline to a
-// Redis that lost its scripts (a restart, SCRIPT FLUSH) each get NOSCRIPT, and each is then
-// sent with its script and answered, once.
+// Redis that lost its scripts (a restart, SCRIPT FLUSH) each get NOSCRIPT, and are then sent
+// again in one pipeline, the script's text with the first alone, and each answered, once.
 func TestPipelinedCallsOfARedisThatLostItsScriptsAreAnswered(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
@@ -353,11 +353,18 @@ func TestPipelinedCallsOfARedisThatLostItsScriptsAreAnswered(t *testing.T) {
 		t.Fatal(err)
 	}
 	pipelined := &cmdCounter{match: scriptRuns(incrScript)}
+	texts := &cmdCounter{match: func(cmd redis.Cmder) bool {
+		a := cmd.Args()
+		return len(a) > 1 && a[0] == "eval" && a[1] == incrSrc
+	}}
+	all := &cmdCounter{match: scriptCalls(incrScript)}
 	rdb.AddHook(pipelined)
+	rdb.AddHook(texts)
+	rdb.AddHook(all)
 	const n = 3
 	batch := make([]*queuedCall, n)
 	for i := range batch {
-		batch[i] = &queuedCall{script: incrScript, keys: []string{uniqueKey()}, args: []any{i + 1, 60000},
+		batch[i] = &queuedCall{scriptCall: scriptCall{script: incrScript, keys: []string{uniqueKey()}, args: []any{i + 1, 60000}},
 			deadline: time.Now().Add(g.opts.RedisTimeout), done: make(chan struct{})}
 	}
 	r.coalesce.send(&shardQueue{out: map[*outPipeline]bool{}}, batch)
@@ -372,5 +379,11 @@ func TestPipelinedCallsOfARedisThatLostItsScriptsAreAnswered(t *testing.T) {
 		if got := rdb.Get(context.Background(), c.keys[0]).Val(); got != fmt.Sprint(i+1) {
 			t.Fatalf("key of call %d holds %q; want %d: each call run once", i, got, i+1)
 		}
+	}
+	if n := texts.calls.Load(); n != 1 {
+		t.Errorf("the script's text sent %d times; want once", n)
+	}
+	if n := all.n.Load(); n != 2 {
+		t.Errorf("%d round trips; want 2: the pipeline, and one pipeline again", n)
 	}
 }

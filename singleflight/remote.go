@@ -48,6 +48,51 @@ var (
 	usableScript   = redis.NewScript(usableSrc) // writes and publishes as the others do (ADR 0022)
 )
 
+// scriptCall is one run of a script in a pipeline, and its answer.
+type scriptCall struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+	cmd    *redis.Cmd
+}
+
+// runPipelined runs calls by SHA in one pipeline, with what also adds. Those a shard answers
+// NOSCRIPT (it lost its scripts: a restart, a failover, SCRIPT FLUSH) go again in one
+// pipeline, the first of each script with its text (EVAL), which loads it there, the rest by
+// SHA behind it: a script's text crosses the link once, not once per call. One answered
+// NOSCRIPT again (its shard is not the first's) goes in the next such pipeline; each answers
+// its first calls, so they end. See ADR 0085.
+func runPipelined(ctx context.Context, rdb redis.UniversalClient, calls []*scriptCall, also func(redis.Pipeliner)) {
+	loads := false // the first pipeline sends every call by SHA
+	for {
+		loading := map[*redis.Script]bool{}
+		_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, c := range calls {
+				if loads && !loading[c.script] {
+					loading[c.script] = true
+					c.cmd = c.script.Eval(ctx, p, c.keys, c.args...)
+				} else {
+					c.cmd = c.script.EvalSha(ctx, p, c.keys, c.args...)
+				}
+			}
+			if also != nil {
+				also(p)
+			}
+			return nil
+		}) // each call's error is its command's
+		var again []*scriptCall
+		for _, c := range calls {
+			if redis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
+				again = append(again, c)
+			}
+		}
+		if len(again) == 0 {
+			return
+		}
+		calls, loads, also = again, true, nil
+	}
+}
+
 // seqTTL keeps owner-seq from living forever; tokens stay unique without it (ADR 0002).
 const seqTTL = 7 * 24 * time.Hour
 

@@ -162,8 +162,9 @@ func (o *remoteOwnership) idleFor() (time.Duration, bool) {
 	return time.Since(f.idle.since), true
 }
 
-func (o *remoteOwnership) renewCmd(ctx context.Context, p redis.Pipeliner) *redis.Cmd {
-	return renewScript.EvalSha(ctx, p, []string{o.k.meta, o.k.stream}, o.renewArgs()...)
+// renewCall is a renewal of the lease, to send in a pipeline.
+func (o *remoteOwnership) renewCall() *scriptCall {
+	return &scriptCall{script: renewScript, keys: []string{o.k.meta, o.k.stream}, args: o.renewArgs()}
 }
 
 // renewRun renews alone, sending the script where Redis lost it.

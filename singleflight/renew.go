@@ -167,27 +167,6 @@ const (
 	renewChunks = 4
 )
 
-// pipeline sends batch's renewals, and with alive the alive message; with eval, each
-// with its script (EVAL), which loads it on the shard.
-func (rn *renewer) pipeline(ctx context.Context, batch []*renewal, alive, eval bool, gone string) []*redis.Cmd {
-	r := rn.r
-	cmds := make([]*redis.Cmd, len(batch))
-	_, _ = r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, rl := range batch {
-			if eval {
-				cmds[i] = renewScript.Eval(ctx, p, []string{rl.o.k.meta, rl.o.k.stream}, rl.o.renewArgs()...)
-			} else {
-				cmds[i] = rl.o.renewCmd(ctx, p)
-			}
-		}
-		if alive {
-			p.Publish(ctx, r.wake.AliveChannel(r.g.opts.InstanceID), gone)
-		}
-		return nil
-	})
-	return cmds
-}
-
 // renew sends batch's renewals in one pipeline, then with alive the alive message.
 func (rn *renewer) renew(batch []*renewal, alive bool, gone string) {
 	r := rn.r
@@ -195,26 +174,17 @@ func (rn *renewer) renew(batch []*renewal, alive bool, gone string) {
 	ctx, cancel := context.WithTimeout(g.ctx, max(g.opts.LeaseTTL, time.Second)) // off the callers' path
 	defer cancel()
 	sent := mono(time.Now())
-	cmds := rn.pipeline(ctx, batch, alive, false, gone)
-	// A shard that lost its scripts (or never had this one) answers NOSCRIPT: those
-	// renewals go again with the script, which loads it there and nowhere else.
-	var again []int
-	for i := range batch {
-		if redis.HasErrorPrefix(cmds[i].Err(), "NOSCRIPT") {
-			again = append(again, i)
-		}
-	}
-	if len(again) > 0 {
-		retry := make([]*renewal, len(again))
-		for j, i := range again {
-			retry[j] = batch[i]
-		}
-		for j, c := range rn.pipeline(ctx, retry, false, true, "") {
-			cmds[again[j]] = c
-		}
-	}
+	calls := make([]*scriptCall, len(batch))
 	for i, rl := range batch {
-		rn.renewedOne(rl, sent, cmds[i])
+		calls[i] = rl.o.renewCall()
+	}
+	var also func(redis.Pipeliner)
+	if alive {
+		also = func(p redis.Pipeliner) { p.Publish(ctx, r.wake.AliveChannel(g.opts.InstanceID), gone) }
+	}
+	runPipelined(ctx, r.rdb, calls, also)
+	for i, rl := range batch {
+		rn.renewedOne(rl, sent, calls[i].cmd)
 	}
 }
 

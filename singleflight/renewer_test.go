@@ -293,3 +293,100 @@ func TestHeartbeatStopsAtHardTimeout(t *testing.T) {
 		t.Fatalf("follower got (%q, %v); want the takeover's answer", got.body, got.err)
 	}
 }
+
+// scriptTextHook reports each pipeline of renewals: whether it starts a round (it carries
+// the alive message) and how many of its renewals carry the script's text (EVAL) or its
+// SHA (EVALSHA).
+type scriptTextHook struct{ sent chan renewPipeline }
+
+type renewPipeline struct {
+	start       bool
+	texts, shas int
+}
+
+func (h *scriptTextHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *scriptTextHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *scriptTextHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var p renewPipeline
+		for _, c := range cmds {
+			a := c.Args()
+			switch {
+			case len(a) > 0 && a[0] == "publish":
+				p.start = true
+			case len(a) > 1 && a[0] == "evalsha" && a[1] == renewScript.Hash():
+				p.shas++
+			case len(a) > 1 && a[0] == "eval" && a[1] == wakeSrc+restoreSrc+renewSrc:
+				p.texts++
+			}
+		}
+		if p.texts+p.shas > 0 {
+			select {
+			case h.sent <- p:
+			default:
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A Redis that lost its scripts (a restart, a failover, SCRIPT FLUSH) is sent the renewal
+// script's text once, not once per lease renewed: over a slow link, a round's renewals
+// carrying it each (6.6 KB) took longer than a lease (docs/redis-faults.md).
+func TestRenewalsSendALostScriptOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	hook := &scriptTextHook{sent: make(chan renewPipeline, 64)}
+	c := srv.Client()
+	c.AddHook(hook)
+	g := New(Options{Redis: c, HeartbeatInterval: 100 * time.Millisecond, LeaseTTL: 2 * time.Second})
+	t.Cleanup(func() { g.Close(context.Background()) })
+	const owned = 4
+	gate := make(chan struct{})
+	defer close(gate)
+	for range owned {
+		r, err := g.Do(uniqueKey(), false, func(ctx context.Context, w *Writer) (Result, error) {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+			}
+			return Result{Head: Head{Status: 200}}, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+	}
+	waitCond(t, 10*time.Second, "the flights owned", func() bool { return g.Owned() == owned })
+	next := func() renewPipeline {
+		t.Helper()
+		select {
+		case p := <-hook.sent:
+			return p
+		case <-time.After(5 * time.Second):
+			t.Fatal("no renewal sent within 5s")
+			return renewPipeline{}
+		}
+	}
+	for p := next(); !p.start || p.shas != owned; p = next() { // a round renews all four
+	}
+	if err := c.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for len(hook.sent) > 0 { // sent before the flush
+		<-hook.sent
+	}
+	p := next()
+	for p.texts == 0 {
+		p = next()
+	}
+	texts := p.texts
+	for p = next(); !p.start; p = next() { // until the next round's start
+		texts += p.texts
+	}
+	if texts != 1 {
+		t.Fatalf("the renewal script's text sent %d times after Redis lost it, renewing %d leases; want once", texts, owned)
+	}
+	if p.texts != 0 || p.shas != owned {
+		t.Fatalf("the round after: %d renewals by text, %d by SHA; want %d by SHA", p.texts, p.shas, owned)
+	}
+}

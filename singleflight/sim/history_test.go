@@ -137,15 +137,15 @@ func fmtAt(d time.Duration) string {
 	return fmt.Sprintf("%.4fs", d.Seconds())
 }
 
-// caller names the first frame of the singleflight package below the observer, as
-// "file.go:Type.method": where the project's code made an event.
+// caller names the first frame of the singleflight package below the observer and the
+// pipeline helper, as "file.go:Type.method": where the project's code made an event.
 func caller() string {
 	var pcs [32]uintptr
 	n := runtime.Callers(3, pcs[:])
 	frames := runtime.CallersFrames(pcs[:n])
 	for {
 		f, more := frames.Next()
-		if i := strings.Index(f.Function, "/singleflight."); i >= 0 && !strings.HasSuffix(f.Function, ".observe") {
+		if i := strings.Index(f.Function, "/singleflight."); i >= 0 && !strings.HasSuffix(f.Function, ".observe") && !strings.Contains(f.Function, ".runPipelined") {
 			return path.Base(f.File) + ":" + shortFunc(f.Function[i+len("/singleflight."):])
 		}
 		if i := strings.Index(f.Function, "/singleflight/internal/"); i >= 0 {
