@@ -101,7 +101,7 @@ func (p *Proxy) join(w http.ResponseWriter, r *http.Request, route string, req h
 	if served, cut := ho.endInline(); served {
 		info.role = singleflight.RoleOwner.String()
 		info.abort = cut != nil // its own answer, cut short: not a whole one
-		info.broken = cut != nil
+		info.broken = cut
 		return
 	}
 	p.respond(w, r, route, req, &source{rd: rd, ho: ho}, info)
@@ -207,7 +207,7 @@ func (p *Proxy) respond(w http.ResponseWriter, r *http.Request, route string, re
 				_, _ = io.WriteString(w, sseError(err))
 				http.NewResponseController(w).Flush()
 			}
-			info.broken = true
+			info.broken = err
 			ok = false
 			// Its own answer cut short, or a client gone: the connection is closed, so
 			// that a chunked body does not end cleanly (requestInfo.abort).

@@ -10,6 +10,10 @@ import (
 	"github.com/llm-dedupe-proxy/llm-dedupe-proxy/singleflight"
 )
 
+// errAborted is why an answer begun was cut when its handler panicked: the reverse proxy
+// does so when its copy fails.
+var errAborted = errors.New("the answer's handler panicked (the reverse proxy's abort when its copy fails)")
+
 // isTimeout reports whether err is a deadline's, of a context or of a connection.
 func isTimeout(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) {

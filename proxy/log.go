@@ -55,7 +55,9 @@ func (p *Proxy) finish(route string, r *http.Request, ww *statusWriter, info *re
 	status := ww.status
 	switch {
 	case status != 0:
-		info.broken = info.broken || panicking // an answer begun, then cut
+		if panicking && info.broken == nil {
+			info.broken = errAborted // an answer begun, then cut
+		}
 	case panicking && r.Context().Err() == nil:
 		status = http.StatusInternalServerError // a panic before any answer
 	default:
@@ -92,8 +94,8 @@ func (p *Proxy) logRequest(r *http.Request, route string, info *requestInfo, sta
 	if info.sampled != "" {
 		attrs = append(attrs, slog.String("sampled", string(info.sampled)))
 	}
-	if info.broken {
-		attrs = append(attrs, slog.Bool("interrupted", true))
+	if info.broken != nil {
+		attrs = append(attrs, slog.Bool("interrupted", true), slog.String("err", info.broken.Error()))
 	}
 	if sc := trace.SpanContextFromContext(r.Context()); sc.IsValid() {
 		attrs = append(attrs, slog.String("trace_id", sc.TraceID().String())) // ADR 0061
@@ -110,7 +112,7 @@ type requestInfo struct {
 	model, namespace string
 	origin           string // singleflight.Head.Origin of its answer
 	ownCall          bool   // its answer came from its own function's call
-	broken           bool
+	broken           error  // why an answer begun was cut short
 	// abort: the answer must not look whole to the client (its own answer cut short, or a
 	// client taken for gone): the connection is closed, once the request is logged.
 	abort bool

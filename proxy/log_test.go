@@ -20,7 +20,7 @@ import (
 // TestAbortedAnswersAreLogged: an answer that ends with the connection cut, not cleanly
 // (an owner's too-large answer cut short by the upstream; a passed-through one whose copy
 // failed, which the reverse proxy ends with http.ErrAbortHandler), still gets its log line
-// and its count, marked interrupted.
+// and its count, marked interrupted, with why.
 func TestAbortedAnswersAreLogged(t *testing.T) {
 	const limit = 64 << 10
 	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -52,8 +52,8 @@ func TestAbortedAnswersAreLogged(t *testing.T) {
 					line = l
 				}
 			}
-			if !strings.Contains(line, "role="+tc.role) || !strings.Contains(line, "interrupted=true") {
-				t.Fatalf("request line %q; want role=%s, interrupted=true", line, tc.role)
+			if !strings.Contains(line, "role="+tc.role) || !strings.Contains(line, "interrupted=true err=") {
+				t.Fatalf("request line %q; want role=%s, interrupted=true, and its error", line, tc.role)
 			}
 			if n := value(t, in.Reg, "llm_dedupe_requests_total", map[string]string{"role": tc.role}); n != 1 {
 				t.Fatalf("%s requests counted: %v; want 1", tc.role, n)

@@ -73,11 +73,11 @@ func endSpan(span trace.Span, r *http.Request, route string, info *requestInfo, 
 			span.AddLink(tracing.LinkTo(o, info.role == singleflight.RoleHit.String()))
 		}
 	}
-	if info.broken {
+	if info.broken != nil {
 		attrs = append(attrs, attribute.Bool("llm_dedupe.interrupted", true))
 	}
 	span.SetAttributes(attrs...)
-	if status >= 500 || info.broken {
+	if status >= 500 || info.broken != nil {
 		span.SetStatus(codes.Error, strconv.Itoa(status))
 	}
 	span.End()
