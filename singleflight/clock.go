@@ -27,8 +27,11 @@ import (
 //	                                                 owner's instance said the token gone (ADR 0009)
 //	outage      blind, outlasting, answered          Redis could not be asked while the callers had
 //	                                                 bytes since the last look it answered
-//	lateUntil   answered                             the first look after an outage waits that long
-//	                                                 for a late final write (ADR 0060)
+//	lapsed      ranOut, entries, found               a look found the lease run out, and the owner
+//	                                                 was not seen at work since
+//	lateUntil   answered, ranOut                     a lease that ran out is waited that long for
+//	                                                 a late write: a lease after an outage (ADR 0060),
+//	                                                 a grace after it was first found run out (ADR 0086)
 //
 // What the hub heard (aliveView) puts the look off to a lease after the owner's instance's
 // last alive message, within the trust; the hub's silence timer of that channel wakes the
@@ -37,6 +40,7 @@ import (
 // outage, outageNext's.
 type followClock struct {
 	lease   time.Duration // Options.LeaseTTL
+	grace   time.Duration // Options.TakeoverJitter: how long a claimer may wait on a lease run out
 	recheck time.Duration // caps every wait when set (remote.recheckEvery, tests)
 
 	start     time.Time // the follow began
@@ -49,6 +53,7 @@ type followClock struct {
 	token     string
 	trusted   time.Time
 	outage    bool
+	lapsed    bool
 	lateUntil time.Time
 }
 
@@ -95,8 +100,8 @@ type aliveView struct {
 	pubsubDown  bool // the pub/sub connection is down
 }
 
-func newClock(now time.Time, lease, recheck, remaining time.Duration, token string) followClock {
-	c := followClock{lease: lease, recheck: recheck, start: now, since: now, token: token}
+func newClock(now time.Time, lease, grace, recheck, remaining time.Duration, token string) followClock {
+	c := followClock{lease: lease, grace: grace, recheck: recheck, start: now, since: now, token: token}
 	c.own, c.why, c.leaseEnd = now.Add(remaining), lookLease, now.Add(remaining)
 	c.trust(now)
 	return c
@@ -119,7 +124,7 @@ func (c *followClock) owner(now time.Time, token string) {
 
 // entries: the owner wrote, so it is at work, and its lease runs a lease from now.
 func (c *followClock) entries(now time.Time) {
-	c.renewed, c.since = true, now
+	c.renewed, c.since, c.lapsed = true, now, false
 	c.leaseEnd = now.Add(c.lease)
 	c.own, c.why = c.leaseEnd, lookLease
 }
@@ -127,7 +132,7 @@ func (c *followClock) entries(now time.Time) {
 // found: a look found the attempt running, its lease remaining; a lease moved past the one
 // known shows its owner at work.
 func (c *followClock) found(now time.Time, remaining time.Duration) {
-	c.own, c.why = now.Add(remaining), lookLease
+	c.own, c.why, c.lapsed = now.Add(remaining), lookLease, false
 	c.renewed = c.renewed || c.own.After(c.leaseEnd)
 	c.leaseEnd = c.own
 }
@@ -142,8 +147,20 @@ func (c *followClock) switched(now time.Time, remaining time.Duration, token str
 // back meanwhile (ADR 0010).
 func (c *followClock) restoring() { c.own, c.why = c.leaseEnd, lookLease }
 
-// late: the attempt's lease ran out during an outage; its final write may land until
-// lateUntil (ADR 0060).
+// ranOut: a look found the attempt's lease run out, nobody having taken it over. The first
+// such look since its owner was seen at work waits for it as long as a claimer would (the
+// takeover jitter): a renewal a little late still lands while nobody claims (ADR 0086).
+func (c *followClock) ranOut(now time.Time) {
+	if !c.lapsed {
+		c.lapsed = true
+		if until := now.Add(c.grace); until.After(c.lateUntil) {
+			c.lateUntil = until
+		}
+	}
+}
+
+// late: the attempt's lease ran out; a renewal or its final write may land until lateUntil
+// (ADRs 0060, 0086).
 func (c *followClock) late() { c.own, c.why = c.lateUntil, lookLate }
 
 // rereading: the meta moved on before the stream said so (ADR 0006).

@@ -14,7 +14,7 @@ func TestClockNext(t *testing.T) {
 	// seen: a clock whose last look, 400 ms ago, found the attempt running with 500 ms
 	// left, its owner seen at work: alive messages heard since are trusted 4.6 s on.
 	seen := func() followClock {
-		c := newClock(t0, lease, 0, lease, "1-A-1")
+		c := newClock(t0, lease, 0, 0, lease, "1-A-1")
 		c.entries(t0.Add(lease / 2))
 		c.looked(look)
 		c.found(look, 500*time.Millisecond)
@@ -33,7 +33,7 @@ func TestClockNext(t *testing.T) {
 		{"alive: on the silence, or at the trust's end", seen, heard, trusted, lookAlive},
 		{"not watching the owner's channel", seen, aliveView{until: heard.until, moving: true}, own, lookLease},
 		{"owner never seen at work (ADR 0059)", func() followClock {
-			c := newClock(t0, lease, 0, 5*lease+100*time.Millisecond, "1-A-1")
+			c := newClock(t0, lease, 0, 0, 5*lease+100*time.Millisecond, "1-A-1")
 			c.looked(look)
 			c.found(look, 500*time.Millisecond) // no further than the lease it knew: not renewed
 			return c
@@ -92,7 +92,7 @@ func TestClockObservations(t *testing.T) {
 	const lease = time.Second
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	t.Run("the trust grows with the follow, one to ten leases (ADR 0082)", func(t *testing.T) {
-		c := newClock(t0, lease, 0, lease, "1-A-1")
+		c := newClock(t0, lease, 0, 0, lease, "1-A-1")
 		for _, tc := range []struct{ age, want time.Duration }{
 			{0, lease}, {lease / 2, lease}, {3 * lease, 3 * lease}, {10 * lease, 10 * lease}, {time.Hour, 10 * lease},
 		} {
@@ -103,7 +103,7 @@ func TestClockObservations(t *testing.T) {
 		}
 	})
 	t.Run("a new owner is trusted anew, once seen at work", func(t *testing.T) {
-		c := newClock(t0, lease, 0, lease, "1-A-1")
+		c := newClock(t0, lease, 0, 0, lease, "1-A-1")
 		c.entries(t0.Add(lease / 2))
 		c.gone(t0.Add(lease))
 		c.switched(t0.Add(4*lease), lease, "2-B-1")
@@ -117,7 +117,7 @@ func TestClockObservations(t *testing.T) {
 		}
 	})
 	t.Run("a look shows the owner at work only by a lease that moved", func(t *testing.T) {
-		c := newClock(t0, lease, 0, lease, "1-A-1")
+		c := newClock(t0, lease, 0, 0, lease, "1-A-1")
 		c.found(t0.Add(lease/2), lease/2) // the same lease's end
 		if c.renewed {
 			t.Fatal("renewed by a look that found the lease where it was")
@@ -128,7 +128,7 @@ func TestClockObservations(t *testing.T) {
 		}
 	})
 	t.Run("a look after the token was said gone trusts nothing", func(t *testing.T) {
-		c := newClock(t0, lease, 0, lease, "1-A-1")
+		c := newClock(t0, lease, 0, 0, lease, "1-A-1")
 		c.gone(t0.Add(lease / 4))
 		c.looked(t0.Add(lease / 2))
 		if !c.saidGone() {
@@ -136,7 +136,7 @@ func TestClockObservations(t *testing.T) {
 		}
 	})
 	t.Run("said gone: the lease is over the first time only", func(t *testing.T) {
-		c := newClock(t0, lease, 0, lease, "1-A-1")
+		c := newClock(t0, lease, 0, 0, lease, "1-A-1")
 		c.gone(t0.Add(lease / 4))
 		c.found(t0.Add(lease/2), lease)
 		c.gone(t0.Add(lease))
@@ -145,7 +145,7 @@ func TestClockObservations(t *testing.T) {
 		}
 	})
 	t.Run("a blind look asks again within the lease known", func(t *testing.T) {
-		c := newClock(t0, lease, 0, 100*time.Millisecond, "1-A-1")
+		c := newClock(t0, lease, 0, 0, 100*time.Millisecond, "1-A-1")
 		c.blind(t0, false)
 		if !c.own.Equal(t0.Add(100*time.Millisecond)) || c.why != lookBlind || c.outage {
 			t.Fatalf("look at %v (%v), outage %v; want the lease's end, blind, no outage", c.own.Sub(t0), c.why, c.outage)
@@ -159,9 +159,41 @@ func TestClockObservations(t *testing.T) {
 			t.Fatalf("first answer after the outage: outage %v, late until %v; want false, %v", c.outage, c.lateUntil.Sub(t0), 2*lease)
 		}
 	})
+	t.Run("a lease found run out is waited a grace from the first such look (ADR 0086)", func(t *testing.T) {
+		const grace = lease / 2
+		c := newClock(t0, lease, grace, 0, lease, "1-A-1")
+		c.ranOut(t0.Add(lease))
+		c.late()
+		if !c.lateUntil.Equal(t0.Add(lease+grace)) || !c.own.Equal(c.lateUntil) || c.why != lookLate {
+			t.Fatalf("first look found it run out: late until %v, look at %v (%v); want %v, then, late", c.lateUntil.Sub(t0), c.own.Sub(t0), c.why, lease+grace)
+		}
+		c.ranOut(t0.Add(lease + grace)) // the same lapse: no more wait
+		if !c.lateUntil.Equal(t0.Add(lease + grace)) {
+			t.Fatalf("a second look at the same lapse moved the wait to %v", c.lateUntil.Sub(t0))
+		}
+		for name, atWork := range map[string]func(c *followClock, now time.Time){
+			"entries":                 func(c *followClock, now time.Time) { c.entries(now) },
+			"a look found it running": func(c *followClock, now time.Time) { c.found(now, lease) },
+		} {
+			c := newClock(t0, lease, grace, 0, lease, "1-A-1")
+			c.ranOut(t0.Add(lease))
+			atWork(&c, t0.Add(3*lease)) // the owner at work: a later lapse is waited anew
+			c.ranOut(t0.Add(5 * lease))
+			if !c.lateUntil.Equal(t0.Add(5*lease + grace)) {
+				t.Fatalf("after %s, a new lapse: late until %v; want %v", name, c.lateUntil.Sub(t0), 5*lease+grace)
+			}
+		}
+		c = newClock(t0, lease, grace, 0, lease, "1-A-1")
+		c.outage = true
+		c.answered(t0.Add(lease)) // an outage's end waits a lease from the answer
+		c.ranOut(t0.Add(lease))
+		if !c.lateUntil.Equal(t0.Add(2 * lease)) {
+			t.Fatalf("a lapse found within the outage's wait moved it to %v; want %v", c.lateUntil.Sub(t0), 2*lease)
+		}
+	})
 	t.Run("a blind look in a Cluster takes the alive messages' word back (ADR 0023)", func(t *testing.T) {
 		for _, sharded := range []bool{false, true} {
-			c := newClock(t0, lease, 0, lease, "1-A-1")
+			c := newClock(t0, lease, 0, 0, lease, "1-A-1")
 			c.entries(t0.Add(9 * lease / 2))
 			c.looked(t0.Add(9 * lease / 2))
 			now := t0.Add(5 * lease)

@@ -86,7 +86,7 @@ func (r *remote) newFollower(l *leader, remaining time.Duration, readNow bool) (
 		return nil, false
 	}
 	fw.w = w
-	fw.clock = newClock(now, r.g.opts.LeaseTTL, r.recheckEvery, remaining, l.pos.token)
+	fw.clock = newClock(now, r.g.opts.LeaseTTL, r.g.opts.TakeoverJitter, r.recheckEvery, remaining, l.pos.token)
 	fw.read = readNow // what is there already does not wait for the confirmation
 	return fw, true
 }

@@ -68,6 +68,7 @@ func (fw *follower) recheck() lookResult {
 		fw.end(followEnd{kind: followDone})
 		return lookEnd
 	case d.verdict == verdictClaim && d.seen == seenExpired && d.token == pos.token:
+		fw.clock.ranOut(now)
 		if fw.waitsLate() {
 			fw.clock.late()
 			return lookGoOn
@@ -96,9 +97,11 @@ func (fw *follower) recheck() lookResult {
 	return lookEnd
 }
 
-// waitsLate reports whether an attempt whose lease ran out is waited for a while after an
-// outage: its owner, which may have lost Redis too, makes its final write once Redis answers
-// it, unless it said the token gone; the token decides whether it lands (ADR 0060).
+// waitsLate reports whether an attempt whose lease ran out is waited for a while, by callers
+// with bytes, whom no other attempt can serve: a lease after it was first found run out (a
+// renewal late, ADR 0086), or after an outage, when its owner, which may have lost Redis too,
+// makes its final write once Redis answers it (ADR 0060). Not once its owner's instance said
+// the token gone; the token decides whether a late write lands.
 func (fw *follower) waitsLate() bool {
 	c := &fw.clock
 	return !c.saidGone() && time.Now().Before(c.lateUntil) && !fw.l.f.canUseNewGen()

@@ -2,6 +2,7 @@ package singleflight
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -244,5 +245,82 @@ func TestTakeoverSeenInTheStreamCountsAliveMessagesOnlyOnceItsOwnerWorks(t *test
 	start := time.Now()
 	if out := readWithin(r, 3*o.LeaseTTL+2*time.Second); out.err != nil || out.body != "local" {
 		t.Fatalf("follower got (%q, %v) after %v; want its own call's answer within a few leases", out.body, out.err, time.Since(start))
+	}
+}
+
+// A follower whose callers have bytes, finding its attempt's lease run out with nobody
+// taking it over, waits a lease more before it takes the attempt for dead: its owner's
+// renewal may only be late (a slow link, a starved process), and lands while nobody else
+// claims. Its callers get the whole answer of the one call (ADR 0086).
+func TestFollowerWithBytesOutwaitsALateRenewal(t *testing.T) {
+	srv := redistest.Start(t)
+	b := backend{name: "redis", redis: srv}
+	o := Options{LeaseTTL: time.Second, HeartbeatInterval: 100 * time.Millisecond, Timeout: 30 * time.Second}
+	a, f := b.group(t, o), b.group(t, o)
+	var held atomic.Bool
+	release, more := make(chan struct{}), make(chan struct{})
+	releaseNow, moreNow := sync.OnceFunc(func() { close(release) }), sync.OnceFunc(func() { close(more) })
+	defer releaseNow()
+	defer moreNow()
+	a.hooks.beforeRenew = func(context.Context) {
+		if held.Load() {
+			<-release
+		}
+	}
+	var calls atomic.Int32
+	key := uniqueKey()
+	ra, err := a.Do(key, false, func(ctx context.Context, w *Writer) (Result, error) {
+		calls.Add(1)
+		w.WriteHead(Head{Status: 200})
+		w.Write([]byte("a"))
+		<-more
+		w.Write([]byte("b"))
+		return Result{Outcome: Store}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ra.Close()
+	waitCond(t, 10*time.Second, "A owns the flight", func() bool { return a.Owned() == 1 })
+	lapsed := make(chan struct{}, 1)
+	f.hooks.looked = func(d decision) {
+		if d.verdict == verdictClaim && d.seen == seenExpired {
+			select {
+			case lapsed <- struct{}{}:
+			default:
+			}
+		}
+	}
+	local := newReply("local")
+	local.release()
+	rf, err := f.Do(key, false, local.fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sr := readStream(context.Background(), rf)
+	select {
+	case <-sr.first: // the follower's caller has bytes of A's attempt
+	case <-time.After(10 * time.Second):
+		t.Fatal("the follower got no bytes")
+	}
+	held.Store(true) // A's renewals stall now, its lease runs out
+	select {
+	case <-lapsed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the follower never found the lease run out")
+	}
+	held.Store(false)
+	releaseNow() // the stalled renewal lands: nobody claimed meanwhile
+	moreNow()
+	select {
+	case out := <-sr.done:
+		if out.err != nil || out.body != "ab" {
+			t.Fatalf("the follower's caller got (%q, %v); want the whole answer of A's call", out.body, out.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the follower's caller got no end")
+	}
+	if n := calls.Load() + local.calls.Load(); n != 1 {
+		t.Fatalf("%d calls; want 1", n)
 	}
 }
