@@ -9,7 +9,8 @@ import (
 
 // Check asks Redis whether it can be used, so that a configuration Redis refuses shows at
 // start-up: a failure that makes Redis unusable degrades the Group, as any command's would.
-// An in-memory Group has nothing to check. See ADR 0043.
+// Where Redis answers, it loads the protocol's scripts (ADR 0085). An in-memory Group has
+// nothing to check. See ADR 0043.
 func (g *Group) Check(ctx context.Context) error { return g.coord.check(ctx) }
 
 func (r *remote) check(ctx context.Context) error {
@@ -24,6 +25,7 @@ func (r *remote) check(ctx context.Context) error {
 		if err := r.usable(ctx, r.rdb); err != nil {
 			return fail("", err)
 		}
+		loadScripts(ctx, r.rdb)
 		return nil
 	}
 	// A PING to every master: does the Cluster answer; the write: does the probe key's
@@ -37,7 +39,29 @@ func (r *remote) check(ctx context.Context) error {
 	if err := r.usable(ctx, r.rdb); err != nil {
 		return fail(r.shard(r.probeKey()), err)
 	}
+	_ = r.rdb.(*redis.ClusterClient).ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		r.mu.Lock()
+		down := r.down[m.Options().Addr] // did not answer its PING: not waited on again
+		r.mu.Unlock()
+		if !down {
+			loadScripts(ctx, m)
+		}
+		return nil
+	})
 	return nil
+}
+
+// loadScripts loads the protocol's scripts on one server, so that the first flights send
+// them by SHA, not their text within a lease; a server that loses them later (a restart, a
+// failover) is sent each again by the first calls that meet NOSCRIPT (runPipelined, ADR
+// 0085). A refusal (an ACL without SCRIPT) changes nothing: those calls send the text. One
+// at a time: Script.Load in a pipeline would take the SHA of a reply not read yet.
+func loadScripts(ctx context.Context, c redis.Scripter) {
+	for _, s := range protocolScripts {
+		if s.Load(ctx, c).Err() != nil {
+			return
+		}
+	}
 }
 
 // pingMasters sends a Cluster's masters a PING each, at once. A refusal is every shard's

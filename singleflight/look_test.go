@@ -255,7 +255,8 @@ func TestTakeoverSeenInTheStreamCountsAliveMessagesOnlyOnceItsOwnerWorks(t *test
 func TestFollowerWithBytesOutwaitsALateRenewal(t *testing.T) {
 	srv := redistest.Start(t)
 	b := backend{name: "redis", redis: srv}
-	o := Options{LeaseTTL: time.Second, HeartbeatInterval: 100 * time.Millisecond, Timeout: 30 * time.Second}
+	o := Options{LeaseTTL: time.Second, HeartbeatInterval: 100 * time.Millisecond, Timeout: 30 * time.Second,
+		TakeoverJitter: 500 * time.Millisecond} // the follower's wait, ample for the released renewal
 	a, f := b.group(t, o), b.group(t, o)
 	var held atomic.Bool
 	release, more := make(chan struct{}), make(chan struct{})

@@ -46,6 +46,9 @@ var (
 	incrScript     = redis.NewScript(incrSrc)
 	unwaitScript   = redis.NewScript(unwaitSrc)
 	usableScript   = redis.NewScript(usableSrc) // writes and publishes as the others do (ADR 0022)
+
+	// protocolScripts are those the flights run, loaded by Check (ADR 0085).
+	protocolScripts = []*redis.Script{lookupScript, claimScript, renewScript, appendScript, completeScript, failScript, incrScript, unwaitScript}
 )
 
 // scriptCall is one run of a script in a pipeline, and its answer.

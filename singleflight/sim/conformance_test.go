@@ -193,6 +193,7 @@ func conformanceSteps() []step {
 		{cmd: []any{"PUBLISH", "c:chan", "hello"}},
 		{cmd: []any{"PING"}},
 		{cmd: []any{"TIME"}},
+		{cmd: []any{"SCRIPT", "LOAD", "return 1"}}, // Check loads the scripts so
 		{cmd: []any{"SCAN", 0, "MATCH", "c:meta:*", "COUNT", 1000}},
 		{cmd: []any{"DEL", r1}},
 		{cmd: []any{"XREAD", "COUNT", 100, "STREAMS", s1, "0"}},
