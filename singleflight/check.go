@@ -51,14 +51,23 @@ func (r *remote) check(ctx context.Context) error {
 	return nil
 }
 
-// loadScripts loads the protocol's scripts on one server, so that the first flights send
-// them by SHA, not their text within a lease; a server that loses them later (a restart, a
-// failover) is sent each again by the first calls that meet NOSCRIPT (runPipelined, ADR
-// 0085). A refusal (an ACL without SCRIPT) changes nothing: those calls send the text. One
-// at a time: Script.Load in a pipeline would take the SHA of a reply not read yet.
+// loadScripts loads the protocol's scripts that one server lacks, so that the first flights
+// send them by SHA, not their text within a lease; a server that loses them later (a
+// restart, a failover) is sent each again by the first calls that meet NOSCRIPT
+// (runPipelined, ADR 0085). A refusal (an ACL without SCRIPT) changes nothing: those calls
+// send the text. One at a time: Script.Load in a pipeline would take the SHA of a reply not
+// read yet.
 func loadScripts(ctx context.Context, c redis.Scripter) {
-	for _, s := range protocolScripts {
-		if s.Load(ctx, c).Err() != nil {
+	hashes := make([]string, len(protocolScripts))
+	for i, s := range protocolScripts {
+		hashes[i] = s.Hash()
+	}
+	has, err := c.ScriptExists(ctx, hashes...).Result()
+	if err != nil || len(has) != len(hashes) {
+		return
+	}
+	for i, s := range protocolScripts {
+		if !has[i] && s.Load(ctx, c).Err() != nil {
 			return
 		}
 	}
