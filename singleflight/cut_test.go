@@ -113,7 +113,7 @@ func TestCutWhoseReplyIsLostIsCarriedOut(t *testing.T) {
 	select {
 	case err := <-cut:
 		if !hook.lost.Load() {
-			t.Fatal("no cut's reply was lost: the test did not reach its case")
+			t.Fatalf("no cut's reply was lost: the test did not reach its case (the call ended with %v)", err)
 		}
 		if err != ErrAbandoned {
 			t.Fatalf("the call ended with %v; want ErrAbandoned", err)
