@@ -39,15 +39,6 @@ func (r *remote) check(ctx context.Context) error {
 	if err := r.usable(ctx, r.rdb); err != nil {
 		return fail(r.shard(r.probeKey()), err)
 	}
-	_ = r.rdb.(*redis.ClusterClient).ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-		r.mu.Lock()
-		down := r.down[m.Options().Addr] // did not answer its PING: not waited on again
-		r.mu.Unlock()
-		if !down {
-			loadScripts(ctx, m)
-		}
-		return nil
-	})
 	return nil
 }
 
@@ -73,9 +64,10 @@ func loadScripts(ctx context.Context, c redis.Scripter) {
 	}
 }
 
-// pingMasters sends a Cluster's masters a PING each, at once. A refusal is every shard's
-// (the proxy's credentials or ACL); a master that does not answer is its own shard's: a
-// hung master degrades its shard alone, not the whole Cluster (ADR 0081).
+// pingMasters sends a Cluster's masters a PING each, at once, and loads the scripts on
+// those that answer. A refusal is every shard's (the proxy's credentials or ACL); a master
+// that does not answer is its own shard's: a hung master degrades its shard alone, not the
+// whole Cluster (ADR 0081).
 func (r *remote) pingMasters(ctx context.Context, fail func(string, error) error) error {
 	c := r.rdb.(*redis.ClusterClient)
 	var (
@@ -85,6 +77,9 @@ func (r *remote) pingMasters(ctx context.Context, fail func(string, error) error
 	)
 	err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
 		err := m.Ping(ctx).Err()
+		if err == nil {
+			loadScripts(ctx, m)
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		switch {

@@ -103,9 +103,7 @@ func (l *leader) run(st leadState) bool {
 		case leadLocal:
 			next = l.local()
 		case leadEnded:
-			if l.marked && !l.flightOver {
-				l.r.unwait(l.f) // no mark stays of callers that wait no more (ADR 0074)
-			}
+			l.unmark() // no mark stays of callers that wait no more (ADR 0074)
 			return true
 		case leadDetached:
 			return false
@@ -264,6 +262,15 @@ func (l *leader) own() leadState {
 	return leadRetry
 }
 
+// unmark takes off the mark the lead may have left on Redis's flight, unless that flight
+// is over (ADR 0074).
+func (l *leader) unmark() {
+	if l.marked && !l.flightOver {
+		l.r.unwait(l.f)
+		l.marked = false
+	}
+}
+
 // local owns the flight in this process alone: Redis failed, or its shard is degraded.
 func (l *leader) local() leadState {
 	g, f := l.r.g, l.f
@@ -277,15 +284,12 @@ func (l *leader) local() leadState {
 	ctx := l.ctx
 	if begun || l.reason != takeoverNone { // a flight that had an owner is taken over
 		g.observe(Event{Kind: EventTakeover, Key: f.key, Reason: takeoverDegraded.String()})
-		ctx = withAttempt(ctx, Attempt{Takeover: takeoverDegraded.String()}) // leadLocal numbers it
+		ctx = withAttempt(ctx, Attempt{Takeover: takeoverDegraded.String()}) // ownLocally numbers it
 	}
 	l.decide(RoleOwner)
-	if l.marked && !l.flightOver {
-		// Its callers wait for this call now, not Redis's: the mark comes off, once Redis
-		// can take it (ADR 0080).
-		l.r.unwait(f)
-		l.marked = false
-	}
+	// Its callers wait for this call now, not Redis's: the mark comes off, once Redis can
+	// take it (ADR 0080).
+	l.unmark()
 	if g.ownLocally(ctx, f, l.failures+1) {
 		return leadEnded
 	}

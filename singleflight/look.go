@@ -98,9 +98,9 @@ func (fw *follower) recheck() lookResult {
 }
 
 // waitsLate reports whether an attempt whose lease ran out is waited for a while, by callers
-// with bytes, whom no other attempt can serve: a lease after it was first found run out (a
-// renewal late, ADR 0086), or after an outage, when its owner, which may have lost Redis too,
-// makes its final write once Redis answers it (ADR 0060). Not once its owner's instance said
+// with bytes, whom no other attempt can serve: a takeover jitter after it was first found run
+// out (a renewal late, ADR 0086), or a lease after an outage, when its owner, which may have
+// lost Redis too, makes its final write once Redis answers it (ADR 0060). Not once its owner's instance said
 // the token gone; the token decides whether a late write lands.
 func (fw *follower) waitsLate() bool {
 	c := &fw.clock

@@ -39,15 +39,21 @@ func (rn *renewer) sendRound(batch []*renewal, begun time.Time, later bool) {
 	}
 }
 
-// byShard groups batch by shard, leaving out the shards still busy; in a Cluster their
-// tokens are said unrenewed until a renewal lands.
-func (rn *renewer) byShard(batch []*renewal) map[string][]*renewal {
-	r := rn.r
+// shardsOf groups batch by shard.
+func (r *remote) shardsOf(batch []*renewal) map[string][]*renewal {
 	shards := map[string][]*renewal{}
 	for _, rl := range batch {
 		s := r.shardOf(rl.o.k.meta)
 		shards[s] = append(shards[s], rl)
 	}
+	return shards
+}
+
+// byShard groups batch by shard, leaving out the shards still busy; in a Cluster their
+// tokens are said unrenewed until a renewal lands.
+func (rn *renewer) byShard(batch []*renewal) map[string][]*renewal {
+	r := rn.r
+	shards := r.shardsOf(batch)
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	for s, rls := range shards {
@@ -121,13 +127,8 @@ func (rn *renewer) publishAlive(names []string, shards map[string][]*renewal, go
 
 // sendShards renews batch, one pipeline per shard at once, and returns when all did.
 func (rn *renewer) sendShards(batch []*renewal) {
-	shards := map[string][]*renewal{}
-	for _, rl := range batch {
-		s := rn.r.shardOf(rl.o.k.meta)
-		shards[s] = append(shards[s], rl)
-	}
 	var wg sync.WaitGroup
-	for _, rls := range shards {
+	for _, rls := range rn.r.shardsOf(batch) {
 		wg.Go(func() { rn.send(rls, false, "") })
 	}
 	wg.Wait()

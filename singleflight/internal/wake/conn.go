@@ -89,7 +89,7 @@ func (h *Hub[E]) connect() (ps *redis.PubSub, node string, opened bool) {
 	if old != nil {
 		_ = old.Close()
 		h.down.Store(true)
-		h.all(func(w *Watch[E]) { w.mu.Lock(); w.resync = true; w.mu.Unlock() })
+		h.all((*Watch[E]).mustRead)
 	}
 	return ps, node, true
 }
@@ -250,7 +250,7 @@ func (h *Hub[E]) failed(ps *redis.PubSub, err error) bool {
 	}
 	h.down.Store(true)
 	h.unconfirm()
-	h.all(func(w *Watch[E]) { w.mu.Lock(); w.resync = true; w.mu.Unlock() })
+	h.all((*Watch[E]).mustRead)
 	return true
 }
 
@@ -268,7 +268,7 @@ func (h *Hub[E]) route(v any) {
 			l.Confirmed()
 			return
 		}
-		h.each(m.Channel, func(w *Watch[E]) { w.mu.Lock(); w.resync = true; w.mu.Unlock() })
+		h.each(m.Channel, (*Watch[E]).mustRead)
 	case *redis.Message:
 		if l, ok := h.listenerOf(m.Channel); ok {
 			l.Message(m.Payload)
@@ -283,7 +283,7 @@ func (h *Hub[E]) route(v any) {
 		}
 		e, ok := h.cfg.Decode(m.Payload)
 		if !ok {
-			h.each(m.Channel, func(w *Watch[E]) { w.mu.Lock(); w.resync = true; w.mu.Unlock() })
+			h.each(m.Channel, (*Watch[E]).mustRead)
 			return
 		}
 		h.each(m.Channel, func(w *Watch[E]) { w.mu.Lock(); w.queue = append(w.queue, e); w.mu.Unlock() })

@@ -74,6 +74,14 @@ func (w *Watch[E]) OnWake(fn func()) {
 	w.mu.Unlock()
 }
 
+// mustRead has the watcher read its stream before trusting messages again: it was
+// (re)subscribed, or messages may have been lost.
+func (w *Watch[E]) mustRead() {
+	w.mu.Lock()
+	w.resync = true
+	w.mu.Unlock()
+}
+
 // Take returns whether the stream must be read first, and the entries pushed since.
 func (w *Watch[E]) Take() (resync bool, entries []E) {
 	w.mu.Lock()
