@@ -52,6 +52,23 @@ func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	return func(ctx context.Context, cmds []redis.Cmder) error { c.count(cmds...); return next(ctx, cmds) }
 }
 
+// renewalsIn is what cmds carry of the renewer's: whether they start a round (the alive
+// message), the meta keys they renew by SHA, and how many renewals carry the script's text.
+func renewalsIn(cmds []redis.Cmder) (start bool, bySHA []string, texts int) {
+	for _, c := range cmds {
+		a := c.Args()
+		switch {
+		case len(a) > 0 && a[0] == "publish":
+			start = true
+		case len(a) > 3 && a[0] == "evalsha" && a[1] == renewScript.Hash():
+			bySHA = append(bySHA, a[3].(string))
+		case len(a) > 1 && a[0] == "eval" && a[1] == wakeSrc+restoreSrc+renewSrc:
+			texts++
+		}
+	}
+	return start, bySHA, texts
+}
+
 // scriptRuns matches the EVALSHAs of script.
 func scriptRuns(script *redis.Script) func(redis.Cmder) bool {
 	return func(cmd redis.Cmder) bool {

@@ -51,13 +51,7 @@ func (h *finalWriteHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *finalWriteHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		seen := roundSeen{}
-		for _, cmd := range cmds {
-			a := cmd.Args()
-			seen.start = seen.start || len(a) > 0 && a[0] == "publish"
-			if len(a) > 3 && a[0] == "evalsha" && a[1] == renewScript.Hash() {
-				seen.renewed = append(seen.renewed, a[3].(string))
-			}
-		}
+		seen.start, seen.renewed, _ = renewalsIn(cmds)
 		if !seen.start && len(seen.renewed) == 0 {
 			return next(ctx, cmds)
 		}
@@ -212,13 +206,7 @@ func (h *renewFailHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (h *renewFailHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		renews := false
-		for _, c := range cmds {
-			if a := c.Args(); len(a) > 1 && a[0] == "evalsha" && a[1] == renewScript.Hash() {
-				renews = true
-			}
-		}
-		if !renews {
+		if _, renews, _ := renewalsIn(cmds); len(renews) == 0 {
 			return next(ctx, cmds)
 		}
 		fail := h.armed.CompareAndSwap(true, false)
@@ -308,18 +296,8 @@ func (h *scriptTextHook) DialHook(next redis.DialHook) redis.DialHook          {
 func (h *scriptTextHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
 func (h *scriptTextHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		var p renewPipeline
-		for _, c := range cmds {
-			a := c.Args()
-			switch {
-			case len(a) > 0 && a[0] == "publish":
-				p.start = true
-			case len(a) > 1 && a[0] == "evalsha" && a[1] == renewScript.Hash():
-				p.shas++
-			case len(a) > 1 && a[0] == "eval" && a[1] == wakeSrc+restoreSrc+renewSrc:
-				p.texts++
-			}
-		}
+		start, bySHA, texts := renewalsIn(cmds)
+		p := renewPipeline{start: start, shas: len(bySHA), texts: texts}
 		if p.texts+p.shas > 0 {
 			select {
 			case h.sent <- p:
