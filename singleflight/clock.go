@@ -27,7 +27,7 @@ import (
 //	                                                 owner's instance said the token gone (ADR 0009)
 //	outage      blind, outlasting, answered          Redis could not be asked while the callers had
 //	                                                 bytes since the last look it answered
-//	lapsed      ranOut, entries, found               a look found the lease run out, and the owner
+//	lapsed      ranOut, entries, found, owner        a look found the lease run out, and the owner
 //	                                                 was not seen at work since
 //	lateUntil   answered, ranOut                     a lease that ran out is waited that long for
 //	                                                 a late write: a lease after an outage (ADR 0060),
@@ -113,11 +113,11 @@ func (c *followClock) trust(now time.Time) {
 	c.trusted = now.Add(min(max(now.Sub(c.start), c.lease), 10*c.lease))
 }
 
-// owner: the attempt followed is token's. A new one is trusted anew, and its alive
-// messages count once it is seen at work (ADR 0059).
+// owner: the attempt followed is token's. A new one is trusted anew, its alive messages
+// count once it is seen at work (ADR 0059), and its lease's lapse is its own (ADR 0086).
 func (c *followClock) owner(now time.Time, token string) {
 	if token != c.token {
-		c.token, c.renewed = token, false
+		c.token, c.renewed, c.lapsed = token, false, false
 		c.trust(now)
 	}
 }

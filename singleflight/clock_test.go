@@ -184,6 +184,13 @@ func TestClockObservations(t *testing.T) {
 			}
 		}
 		c = newClock(t0, lease, grace, 0, lease, "1-A-1")
+		c.ranOut(t0.Add(lease))
+		c.owner(t0.Add(2*lease), "2-B-1") // another attempt: its own lapse is waited anew
+		c.ranOut(t0.Add(3 * lease))
+		if !c.lateUntil.Equal(t0.Add(3*lease + grace)) {
+			t.Fatalf("a new attempt's lapse: late until %v; want %v", c.lateUntil.Sub(t0), 3*lease+grace)
+		}
+		c = newClock(t0, lease, grace, 0, lease, "1-A-1")
 		c.outage = true
 		c.answered(t0.Add(lease)) // an outage's end waits a lease from the answer
 		c.ranOut(t0.Add(lease))
