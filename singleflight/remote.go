@@ -66,12 +66,11 @@ type scriptCall struct {
 // NOSCRIPT again (its shard is not the first's) goes in the next such pipeline; each answers
 // its first calls, so they end. See ADR 0085.
 func runPipelined(ctx context.Context, rdb redis.UniversalClient, calls []*scriptCall, also func(redis.Pipeliner)) {
-	loads := false // the first pipeline sends every call by SHA
+	var loading map[*redis.Script]bool // the scripts whose text a pipeline sends; nil: none
 	for {
-		loading := map[*redis.Script]bool{}
 		_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, c := range calls {
-				if loads && !loading[c.script] {
+				if loading != nil && !loading[c.script] {
 					loading[c.script] = true
 					c.cmd = c.script.Eval(ctx, p, c.keys, c.args...)
 				} else {
@@ -92,7 +91,7 @@ func runPipelined(ctx context.Context, rdb redis.UniversalClient, calls []*scrip
 		if len(again) == 0 {
 			return
 		}
-		calls, loads, also = again, true, nil
+		calls, loading, also = again, map[*redis.Script]bool{}, nil
 	}
 }
 
